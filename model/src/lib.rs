@@ -1,0 +1,30 @@
+//! # flux-model
+//!
+//! The Flux MMDiT diffusion transformer (FLUX.1, Primus' Megatron-Core Flux) in Rust on libtorch.
+//!
+//! Data flow of one forward pass (batch-first, `D` = hidden width, `Li`/`Lt` image/text tokens):
+//!
+//! ```text
+//! img [B,C,H,W] ─patchify→ [B,Li,C·p²] ─x_embedder→ [B,Li,D] ┐
+//! txt [B,Lt,4096] ─context_embedder→ [B,Lt,D]                 ├→ joint layers ×N → cat [B,Lt+Li,D]
+//! t [B], y [B,768], guidance [B] → vec [B,D] (conditioning)   ┘   → single layers ×M → image tokens
+//!   → norm_out(vec) → proj_out → [B,Li,C·p²] ─unpatchify→ [B,C,H,W] velocity
+//! ```
+//!
+//! Every module is generic over its parameter type so one constructor serves both real weights
+//! ([`Flux`]) and shape-only layouts ([`FluxConfig::param_layout`]).
+
+pub mod attention;
+pub mod blocks;
+mod config;
+pub mod convert;
+pub mod embeddings;
+mod flux;
+mod input;
+pub mod layers;
+pub mod params;
+pub mod patchify;
+
+pub use config::{ConfigError, FluxConfig};
+pub use flux::{Flux, FluxTransformer};
+pub use input::{FluxInput, InputError};

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# flux-hpc set-up: installs everything the build and the tests need, idempotently.
+#
+#   bash scripts/setup.sh
+#
+# 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI).
+# 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
+#    and the reference packages used to make test fixtures (diffusers, safetensors).
+# 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
+#    so plain `cargo build` / `cargo test` need no exported variables.
+# A second run only checks and skips.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+TORCH_VERSION=2.13.0
+DIFFUSERS_VERSION=0.42.1
+APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
+              libopenmpi-dev openmpi-bin)
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# --- 1. Debian packages -------------------------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    sudo_cmd=()
+    [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+else
+    say "Debian packages present: ${APT_PACKAGES[*]}"
+fi
+
+# --- 2. Python virtual environment --------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    python3 -m venv .venv
+fi
+py=.venv/bin/python
+have_torch="$($py -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
+if [ "$have_torch" != "$TORCH_VERSION" ]; then
+    say "installing torch==$TORCH_VERSION into .venv (about 5 GB with its CUDA libraries)"
+    $py -m pip install -q --upgrade pip
+    $py -m pip install -q "torch==$TORCH_VERSION"
+else
+    say "torch $TORCH_VERSION present in .venv"
+fi
+if ! $py -c "import diffusers, safetensors; assert diffusers.__version__ == '$DIFFUSERS_VERSION'" 2>/dev/null; then
+    say "installing diffusers==$DIFFUSERS_VERSION and safetensors into .venv"
+    $py -m pip install -q "diffusers==$DIFFUSERS_VERSION" safetensors numpy
+else
+    say "diffusers $DIFFUSERS_VERSION and safetensors present in .venv"
+fi
+
+# --- 3. libtorch link used by .cargo/config.toml ------------------------------------------------
+torch_dir="$($py -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+if [ "$(readlink .libtorch 2>/dev/null)" != "$torch_dir" ]; then
+    say "linking .libtorch -> $torch_dir"
+    ln -sfn "$torch_dir" .libtorch
+else
+    say ".libtorch -> $torch_dir"
+fi
+say "done"
