@@ -84,10 +84,14 @@ impl Flux {
         &self.config
     }
 
-    /// Number of parameters held (all, or only those that require gradients).
+    /// Number of parameters held: all, or only those that currently require gradients.
     pub fn get_num_params(&self, trainable_only: bool) -> u64 {
-        let vars = if trainable_only { self.vs.trainable_variables() } else { self.vs.variables().into_values().collect() };
-        vars.iter().map(|t| t.numel() as u64).sum()
+        self.vs
+            .variables()
+            .values()
+            .filter(|t| !trainable_only || t.requires_grad())
+            .map(|t| t.numel() as u64)
+            .sum()
     }
 
     /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).

@@ -1,0 +1,84 @@
+//! Parameter counts from the shape-only layout, against the reference numbers and real allocation.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use flux_model::{Flux, FluxConfig};
+use tch::Device;
+
+#[test]
+fn flux_535m_without_guidance_has_the_reference_count() {
+    assert_eq!(FluxConfig::flux_535m().num_params(), 535_318_336);
+}
+
+#[test]
+fn flux_12b_counts_match_flux1_without_allocating() {
+    let no_guidance = FluxConfig::flux_12b();
+    assert_eq!(no_guidance.num_params(), 11_891_178_560);
+    let dev = FluxConfig { guidance_embed: true, ..FluxConfig::flux_12b() };
+    assert_eq!(dev.num_params(), 11_901_408_320);
+}
+
+#[test]
+fn per_block_counts_match_the_reference() {
+    let base = FluxConfig::flux_535m();
+    let two_joint = FluxConfig { num_joint_layers: 2, ..base.clone() };
+    let two_single = FluxConfig { num_single_layers: 2, ..base.clone() };
+    assert_eq!(two_joint.num_params() - base.num_params(), 339_831_296);
+    assert_eq!(two_single.num_params() - base.num_params(), 141_591_808);
+}
+
+#[test]
+fn allocated_flux_535m_matches_the_layout_count() {
+    let config = FluxConfig::flux_535m();
+    let model = Flux::new(&config, Device::Cpu).unwrap();
+    assert_eq!(model.get_num_params(false), config.num_params());
+    assert_eq!(model.get_num_params(true), config.num_params());
+}
+
+#[test]
+fn layout_names_and_shapes_equal_the_allocated_state_dict() {
+    for guidance_embed in [false, true] {
+        let config = FluxConfig { guidance_embed, ..common::tiny_config() };
+        let model = Flux::new(&config, Device::Cpu).unwrap();
+        let allocated: BTreeMap<String, Vec<i64>> =
+            model.vs.variables().into_iter().map(|(name, t)| (name, t.size())).collect();
+        let layout: BTreeMap<String, Vec<i64>> =
+            config.param_layout().into_iter().map(|p| (p.name, p.shape)).collect();
+        assert_eq!(allocated, layout);
+    }
+}
+
+#[test]
+fn trainable_count_excludes_frozen_parameters() {
+    let config = common::tiny_config();
+    let mut model = Flux::new(&config, Device::Cpu).unwrap();
+    model.vs.freeze();
+    assert_eq!(model.get_num_params(true), 0);
+    assert_eq!(model.get_num_params(false), config.num_params());
+}
+
+#[test]
+fn state_dict_uses_the_unified_layer_namespace() {
+    let config = common::tiny_config(); // 1 joint + 2 single
+    let names: Vec<String> = config.param_layout().into_iter().map(|p| p.name).collect();
+    for expected in [
+        "x_embedder.weight",
+        "context_embedder.bias",
+        "time_embedder.linear_1.weight",
+        "vector_embedder.linear_2.bias",
+        "transformer.layers.0.self_attention.linear_qkv.weight",
+        "transformer.layers.0.self_attention.added_k_layernorm.weight",
+        "transformer.layers.0.context_mlp.linear_fc2.weight",
+        "transformer.layers.1.linear_qkv_fc1.weight",
+        "transformer.layers.2.linear_proj_fc2.bias",
+        "transformer.layers.2.self_attention.q_layernorm.weight",
+        "norm_out.linear.weight",
+        "proj_out.bias",
+    ] {
+        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.starts_with("transformer.layers.3.")));
+    assert!(!names.iter().any(|n| n.starts_with("guidance_embedder")));
+}
