@@ -22,15 +22,24 @@ impl Qkv {
     pub fn from_fused(qkv: &Tensor, heads: i64) -> Self {
         let (b, l, width) = qkv.size3().expect("fused qkv must be [B, L, 3·D]");
         let head_dim = width / (3 * heads);
-        let parts = qkv.view([b, l, 3, heads, head_dim]).permute([2, 0, 3, 1, 4]).unbind(0);
+        let parts = qkv
+            .view([b, l, 3, heads, head_dim])
+            .permute([2, 0, 3, 1, 4])
+            .unbind(0);
         let [q, k, v]: [Tensor; 3] = parts.try_into().expect("three parts");
         Self { q, k, v }
     }
 
     /// Concatenate streams along the sequence (`[txt; img]` in the joint block).
     pub fn cat(streams: &[&Qkv]) -> Self {
-        let gather = |f: fn(&Qkv) -> &Tensor| Tensor::cat(&streams.iter().map(|s| f(s)).collect::<Vec<_>>(), 2);
-        Self { q: gather(|s| &s.q), k: gather(|s| &s.k), v: gather(|s| &s.v) }
+        let gather = |f: fn(&Qkv) -> &Tensor| {
+            Tensor::cat(&streams.iter().map(|s| f(s)).collect::<Vec<_>>(), 2)
+        };
+        Self {
+            q: gather(|s| &s.q),
+            k: gather(|s| &s.k),
+            v: gather(|s| &s.v),
+        }
     }
 }
 
@@ -70,6 +79,15 @@ impl QkNorm {
 pub fn attention(qkv: &Qkv, rope: &Rope, dropout: f64) -> Tensor {
     let q = rope.apply(&qkv.q);
     let k = rope.apply(&qkv.k);
-    let out = Tensor::scaled_dot_product_attention(&q, &k, &qkv.v, None::<Tensor>, dropout, false, None, false);
+    let out = Tensor::scaled_dot_product_attention(
+        &q,
+        &k,
+        &qkv.v,
+        None::<Tensor>,
+        dropout,
+        false,
+        None,
+        false,
+    );
     out.transpose(1, 2).flatten(2, 3)
 }

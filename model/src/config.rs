@@ -94,12 +94,18 @@ pub struct ConfigError {
 impl ConfigError {
     /// An error for `field` (prefixed with its table by the caller via [`ConfigError::within`]).
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// The same error with `table.` prepended to the field name.
     pub fn within(self, table: &str) -> Self {
-        Self { field: format!("{table}.{}", self.field), ..self }
+        Self {
+            field: format!("{table}.{}", self.field),
+            ..self
+        }
     }
 }
 
@@ -114,7 +120,11 @@ fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), 
 impl FluxConfig {
     /// FLUX.1 at full width with 1 joint + 1 single layer: 535,318,336 parameters without guidance.
     pub fn flux_535m() -> Self {
-        Self { num_joint_layers: 1, num_single_layers: 1, ..Self::default() }
+        Self {
+            num_joint_layers: 1,
+            num_single_layers: 1,
+            ..Self::default()
+        }
     }
 
     /// FLUX.1 [dev]/[schnell] shape: 19 joint + 38 single layers, about 11.9 B parameters.
@@ -144,40 +154,68 @@ impl FluxConfig {
 
     /// Check every rule; the error names the first offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.num_joint_layers > 0, "num_joint_layers", || "must be at least 1".into())?;
-        check(self.num_single_layers > 0, "num_single_layers", || "must be at least 1".into())?;
-        check(self.hidden_size > 0, "hidden_size", || format!("must be positive, got {}", self.hidden_size))?;
+        check(self.num_joint_layers > 0, "num_joint_layers", || {
+            "must be at least 1".into()
+        })?;
+        check(self.num_single_layers > 0, "num_single_layers", || {
+            "must be at least 1".into()
+        })?;
+        check(self.hidden_size > 0, "hidden_size", || {
+            format!("must be positive, got {}", self.hidden_size)
+        })?;
         check(self.num_attention_heads > 0, "num_attention_heads", || {
             format!("must be positive, got {}", self.num_attention_heads)
         })?;
-        check(self.hidden_size % self.num_attention_heads == 0, "num_attention_heads", || {
-            format!(
-                "{} heads do not divide hidden_size {}",
-                self.num_attention_heads, self.hidden_size
-            )
-        })?;
+        check(
+            self.hidden_size % self.num_attention_heads == 0,
+            "num_attention_heads",
+            || {
+                format!(
+                    "{} heads do not divide hidden_size {}",
+                    self.num_attention_heads, self.hidden_size
+                )
+            },
+        )?;
         for (field, value) in [
             ("in_channels", self.in_channels),
             ("patch_size", self.patch_size),
             ("context_dim", self.context_dim),
             ("vec_in_dim", self.vec_in_dim),
         ] {
-            check(value > 0, field, || format!("must be positive, got {value}"))?;
+            check(value > 0, field, || {
+                format!("must be positive, got {value}")
+            })?;
         }
-        check(self.model_channels > 0 && self.model_channels % 2 == 0, "model_channels", || {
-            format!("must be a positive even number, got {}", self.model_channels)
-        })?;
+        check(
+            self.model_channels > 0 && self.model_channels % 2 == 0,
+            "model_channels",
+            || {
+                format!(
+                    "must be a positive even number, got {}",
+                    self.model_channels
+                )
+            },
+        )?;
         let mlp = self.hidden_size as f64 * self.mlp_ratio;
-        check(self.mlp_ratio > 0.0 && mlp.fract() == 0.0, "mlp_ratio", || {
-            format!("mlp_ratio × hidden_size must be a positive integer, got {mlp}")
+        check(
+            self.mlp_ratio > 0.0 && mlp.fract() == 0.0,
+            "mlp_ratio",
+            || format!("mlp_ratio × hidden_size must be a positive integer, got {mlp}"),
+        )?;
+        check(self.theta > 0.0, "theta", || {
+            format!("must be positive, got {}", self.theta)
         })?;
-        check(self.theta > 0.0, "theta", || format!("must be positive, got {}", self.theta))?;
         check(self.axes_dim.len() == 3, "axes_dim", || {
-            format!("needs exactly 3 entries (index, row, column), got {}", self.axes_dim.len())
+            format!(
+                "needs exactly 3 entries (index, row, column), got {}",
+                self.axes_dim.len()
+            )
         })?;
-        check(self.axes_dim.iter().all(|&d| d > 0 && d % 2 == 0), "axes_dim", || {
-            format!("entries must be positive and even, got {:?}", self.axes_dim)
-        })?;
+        check(
+            self.axes_dim.iter().all(|&d| d > 0 && d % 2 == 0),
+            "axes_dim",
+            || format!("entries must be positive and even, got {:?}", self.axes_dim),
+        )?;
         let sum: i64 = self.axes_dim.iter().sum();
         check(sum == self.head_dim(), "axes_dim", || {
             format!(
@@ -188,8 +226,13 @@ impl FluxConfig {
         check(self.layernorm_epsilon > 0.0, "layernorm_epsilon", || {
             format!("must be positive, got {}", self.layernorm_epsilon)
         })?;
-        for (field, p) in [("hidden_dropout", self.hidden_dropout), ("attention_dropout", self.attention_dropout)] {
-            check((0.0..1.0).contains(&p), field, || format!("must be in [0, 1), got {p}"))?;
+        for (field, p) in [
+            ("hidden_dropout", self.hidden_dropout),
+            ("attention_dropout", self.attention_dropout),
+        ] {
+            check((0.0..1.0).contains(&p), field, || {
+                format!("must be in [0, 1), got {p}")
+            })?;
         }
         check(self.guidance_scale >= 0.0, "guidance_scale", || {
             format!("must be non-negative, got {}", self.guidance_scale)

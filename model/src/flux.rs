@@ -46,10 +46,12 @@ impl<P> FluxTransformer<P> {
             context_embedder: Linear::new(&p.sub("context_embedder"), config.context_dim, d, true),
             time_embedder: TimeStepEmbedder::new(&p.sub("time_embedder"), config.model_channels, d),
             vector_embedder: MlpEmbedder::new(&p.sub("vector_embedder"), config.vec_in_dim, d),
-            guidance_embedder: config
-                .guidance_embed
-                .then(|| TimeStepEmbedder::new(&p.sub("guidance_embedder"), config.model_channels, d)),
-            joint_layers: (0..config.num_joint_layers).map(|i| DoubleBlock::new(&layer(i), config)).collect(),
+            guidance_embedder: config.guidance_embed.then(|| {
+                TimeStepEmbedder::new(&p.sub("guidance_embedder"), config.model_channels, d)
+            }),
+            joint_layers: (0..config.num_joint_layers)
+                .map(|i| DoubleBlock::new(&layer(i), config))
+                .collect(),
             single_layers: (config.num_joint_layers..config.num_layers())
                 .map(|i| SingleBlock::new(&layer(i), config))
                 .collect(),
@@ -76,7 +78,12 @@ impl Flux {
         let vs = VarStore::new(device);
         let transformer = FluxTransformer::new(&vs.root(), config);
         let pe_embedder = EmbedNd::new(config.theta, &config.axes_dim, config.rotary_interleaved);
-        Ok(Self { vs, transformer, config: config.clone(), pe_embedder })
+        Ok(Self {
+            vs,
+            transformer,
+            config: config.clone(),
+            pe_embedder,
+        })
     }
 
     /// The model's configuration.
@@ -107,11 +114,14 @@ impl Flux {
 
         let mut img = net.x_embedder.forward(&patchify(input.img, p));
         let mut txt = net.context_embedder.forward(input.txt);
-        let mut vec = net.time_embedder.forward(input.timesteps) + net.vector_embedder.forward(input.y);
+        let mut vec =
+            net.time_embedder.forward(input.timesteps) + net.vector_embedder.forward(input.y);
         if let (Some(embedder), Some(g)) = (&net.guidance_embedder, input.guidance) {
             vec += embedder.forward(g);
         }
-        let rope = self.pe_embedder.forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
+        let rope = self
+            .pe_embedder
+            .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
         for layer in &net.joint_layers {
             (img, txt) = layer.forward(&img, &txt, &vec, &rope, train);
@@ -122,7 +132,12 @@ impl Flux {
             x = layer.forward(&x, &vec, &rope, train);
         }
         let img = x.narrow(1, text_len, rows * cols);
-        Ok(unpatchify(&net.final_layer.forward(&img, &vec), p, rows, cols))
+        Ok(unpatchify(
+            &net.final_layer.forward(&img, &vec),
+            p,
+            rows,
+            cols,
+        ))
     }
 
     /// The root path of the parameters, for loaders and optimisers.

@@ -1,7 +1,8 @@
 //! `FluxInput`: the arguments of one forward pass, and the shape checks that guard it.
 
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
+use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::FluxConfig;
 
 /// The inputs of `Flux::forward`, named as in the reference API.
@@ -35,12 +36,20 @@ pub struct InputError {
     pub got: String,
 }
 
-fn expect_shape(argument: &'static str, tensor: &Tensor, expected: &[i64]) -> Result<(), InputError> {
+fn expect_shape(
+    argument: &'static str,
+    tensor: &Tensor,
+    expected: &[i64],
+) -> Result<(), InputError> {
     let size = tensor.size();
     if size == expected {
         Ok(())
     } else {
-        Err(InputError { argument, expected: format!("shape {expected:?}"), got: format!("shape {size:?}") })
+        Err(InputError {
+            argument,
+            expected: format!("shape {expected:?}"),
+            got: format!("shape {size:?}"),
+        })
     }
 }
 
@@ -49,11 +58,17 @@ impl FluxInput<'_> {
     pub fn check(&self, config: &FluxConfig) -> Result<(i64, i64), InputError> {
         let p = config.patch_size;
         let size = self.img.size();
-        let ok = size.len() == 4 && size[1] == config.in_channels && size[2] % p == 0 && size[3] % p == 0;
+        let ok = size.len() == 4
+            && size[1] == config.in_channels
+            && size[2] % p == 0
+            && size[3] % p == 0;
         if !ok {
             return Err(InputError {
                 argument: "img",
-                expected: format!("[B, {}, H, W] with H and W divisible by patch_size {p}", config.in_channels),
+                expected: format!(
+                    "[B, {}, H, W] with H and W divisible by patch_size {p}",
+                    config.in_channels
+                ),
                 got: format!("shape {size:?}"),
             });
         }
@@ -83,5 +98,65 @@ impl FluxInput<'_> {
             }
         }
         Ok((rows, cols))
+    }
+}
+
+/// An owned batch of forward-pass inputs (see [`FluxInput`] for shapes).
+#[derive(Debug)]
+pub struct FluxBatch {
+    /// `[B, C, H, W]`.
+    pub img: Tensor,
+    /// `[B, S, context_dim]`.
+    pub txt: Tensor,
+    /// `[B, vec_in_dim]`.
+    pub y: Tensor,
+    /// `[B]` in `[0, 1]`.
+    pub timesteps: Tensor,
+    /// `[B, (H/p)·(W/p), 3]`.
+    pub img_ids: Tensor,
+    /// `[B, S, 3]`.
+    pub txt_ids: Tensor,
+    /// `[B]`, present when the config embeds guidance.
+    pub guidance: Option<Tensor>,
+}
+
+impl FluxBatch {
+    /// Standard-normal latents, text and pooled vectors, uniform timesteps, the config's guidance
+    /// scale, and grid/text position ids, for a `rows × cols` token grid and `text_len` text
+    /// tokens, on `device` in f32. Draws from libtorch's global generator (`tch::manual_seed`).
+    pub fn random(
+        config: &FluxConfig,
+        batch: i64,
+        rows: i64,
+        cols: i64,
+        text_len: i64,
+        device: Device,
+    ) -> Self {
+        let opts = (Kind::Float, device);
+        let p = config.patch_size;
+        Self {
+            img: Tensor::randn([batch, config.in_channels, rows * p, cols * p], opts),
+            txt: Tensor::randn([batch, text_len, config.context_dim], opts),
+            y: Tensor::randn([batch, config.vec_in_dim], opts),
+            timesteps: Tensor::rand([batch], opts),
+            img_ids: token_grid_ids(batch, rows, cols, device),
+            txt_ids: text_position_ids(batch, text_len, device),
+            guidance: config
+                .guidance_embed
+                .then(|| Tensor::full([batch], config.guidance_scale, opts)),
+        }
+    }
+
+    /// Borrow as the forward pass' arguments.
+    pub fn as_input(&self) -> FluxInput<'_> {
+        FluxInput {
+            img: &self.img,
+            txt: &self.txt,
+            y: &self.y,
+            timesteps: &self.timesteps,
+            img_ids: &self.img_ids,
+            txt_ids: &self.txt_ids,
+            guidance: self.guidance.as_ref(),
+        }
     }
 }

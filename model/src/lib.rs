@@ -27,4 +27,4 @@ pub mod patchify;
 
 pub use config::{ConfigError, FluxConfig};
 pub use flux::{Flux, FluxTransformer};
-pub use input::{FluxInput, InputError};
+pub use input::{FluxBatch, FluxInput, InputError};

@@ -82,11 +82,17 @@ impl ParamPath for ShapePath {
     type Param = ();
 
     fn sub(&self, name: &str) -> Self {
-        Self { prefix: self.join(name), params: Rc::clone(&self.params) }
+        Self {
+            prefix: self.join(name),
+            params: Rc::clone(&self.params),
+        }
     }
 
     fn param(&self, name: &str, shape: &[i64], _init: Init) {
-        self.params.borrow_mut().push(ParamShape { name: self.join(name), shape: shape.to_vec() });
+        self.params.borrow_mut().push(ParamShape {
+            name: self.join(name),
+            shape: shape.to_vec(),
+        });
     }
 }
 
@@ -94,5 +100,8 @@ impl ParamPath for ShapePath {
 /// parallel linears use: `U(-b, b)` with `b = sqrt(6 / (fan_in + fan_out))`.
 pub fn xavier_uniform(fan_in: i64, fan_out: i64) -> Init {
     let bound = (6.0 / (fan_in + fan_out) as f64).sqrt();
-    Init::Uniform { lo: -bound, up: bound }
+    Init::Uniform {
+        lo: -bound,
+        up: bound,
+    }
 }

@@ -31,7 +31,10 @@ fn image_ids_follow_the_packed_grid() {
     let ids = generate_image_position_ids(2, 4, 6, Device::Cpu); // 2×3 tokens
     assert_eq!(ids.size(), [2, 6, 3]);
     let row: Vec<f32> = f32s(&ids.get(1));
-    assert_eq!(row, [0., 0., 0., 0., 0., 1., 0., 0., 2., 0., 1., 0., 0., 1., 1., 0., 1., 2.]);
+    assert_eq!(
+        row,
+        [0., 0., 0., 0., 0., 1., 0., 0., 2., 0., 1., 0., 0., 1., 1., 0., 1., 2.]
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{max_abs_diff, tiny_config, Inputs};
+use common::{batch, max_abs_diff, tiny_config};
 use flux_model::patchify::{patchify, unpatchify};
 use flux_model::{Flux, FluxConfig, FluxInput};
 use tch::{Device, Kind, Tensor};
@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 fn output_has_the_input_shape_at_several_resolutions() {
     let model = Flux::new(&tiny_config(), Device::Cpu).unwrap();
     for (rows, cols, text) in [(4, 4, 6), (3, 7, 5), (8, 2, 1), (1, 1, 9)] {
-        let inputs = Inputs::random(model.config(), 2, rows, cols, text);
+        let inputs = batch(model.config(), 2, rows, cols, text);
         let out = tch::no_grad(|| model.forward(&inputs.as_input())).unwrap();
         assert_eq!(out.size(), inputs.img.size(), "grid {rows}×{cols}");
         assert!(out.isfinite().all().int64_value(&[]) == 1);
@@ -34,50 +34,87 @@ fn patchify_round_trips_and_matches_reference_packing() {
 fn patch_size_two_equals_patch_size_one_on_packed_latents() {
     // A 2×2-patch model over 4-channel latents is the same function as a 1×1 model over the
     // packed 16-channel latents, with the same weights.
-    let packed = FluxConfig { in_channels: 16, ..tiny_config() };
-    let patched = FluxConfig { in_channels: 4, patch_size: 2, ..tiny_config() };
+    let packed = FluxConfig {
+        in_channels: 16,
+        ..tiny_config()
+    };
+    let patched = FluxConfig {
+        in_channels: 4,
+        patch_size: 2,
+        ..tiny_config()
+    };
     let a = Flux::new(&packed, Device::Cpu).unwrap();
     let mut b = Flux::new(&patched, Device::Cpu).unwrap();
     b.vs.copy(&a.vs).unwrap();
 
-    let raw = Inputs::random(&patched, 2, 3, 5, 4);
+    let raw = batch(&patched, 2, 3, 5, 4);
     let packed_img = patchify(&raw.img, 2).transpose(1, 2).reshape([2, 16, 3, 5]);
-    let packed_input = FluxInput { img: &packed_img, ..raw.as_input() };
+    let packed_input = FluxInput {
+        img: &packed_img,
+        ..raw.as_input()
+    };
     let out_packed = tch::no_grad(|| a.forward(&packed_input)).unwrap();
     let out_patched = tch::no_grad(|| b.forward(&raw.as_input())).unwrap();
-    let repacked = patchify(&out_patched, 2).transpose(1, 2).reshape([2, 16, 3, 5]);
+    let repacked = patchify(&out_patched, 2)
+        .transpose(1, 2)
+        .reshape([2, 16, 3, 5]);
     assert!(max_abs_diff(&out_packed, &repacked) < 1e-5);
 }
 
 #[test]
 fn guidance_changes_the_output_only_when_embedded() {
-    let config = FluxConfig { guidance_embed: true, ..tiny_config() };
+    let config = FluxConfig {
+        guidance_embed: true,
+        ..tiny_config()
+    };
     let model = Flux::new(&config, Device::Cpu).unwrap();
-    let inputs = Inputs::random(&config, 2, 3, 3, 4);
+    let inputs = batch(&config, 2, 3, 3, 4);
     let low = Tensor::full([2], 1.0, (Kind::Float, Device::Cpu));
     let high = Tensor::full([2], 6.0, (Kind::Float, Device::Cpu));
-    let run = |g: &Tensor| tch::no_grad(|| model.forward(&FluxInput { guidance: Some(g), ..inputs.as_input() })).unwrap();
+    let run = |g: &Tensor| {
+        tch::no_grad(|| {
+            model.forward(&FluxInput {
+                guidance: Some(g),
+                ..inputs.as_input()
+            })
+        })
+        .unwrap()
+    };
     assert!(max_abs_diff(&run(&low), &run(&high)) > 1e-4);
 }
 
 #[test]
 fn gradients_reach_every_parameter() {
-    let model = Flux::new(&FluxConfig { guidance_embed: true, ..tiny_config() }, Device::Cpu).unwrap();
-    let inputs = Inputs::random(model.config(), 2, 2, 3, 4);
+    let model = Flux::new(
+        &FluxConfig {
+            guidance_embed: true,
+            ..tiny_config()
+        },
+        Device::Cpu,
+    )
+    .unwrap();
+    let inputs = batch(model.config(), 2, 2, 3, 4);
     let out = model.forward_t(&inputs.as_input(), true).unwrap();
     out.square().mean(Kind::Float).backward();
     for (name, var) in model.vs.variables() {
         let grad = var.grad();
         assert!(grad.defined(), "{name} has no gradient");
-        assert!(grad.abs().sum(Kind::Float).double_value(&[]) > 0.0, "{name} has a zero gradient");
+        assert!(
+            grad.abs().sum(Kind::Float).double_value(&[]) > 0.0,
+            "{name} has a zero gradient"
+        );
     }
 }
 
 #[test]
 fn dropout_acts_only_in_training() {
-    let config = FluxConfig { hidden_dropout: 0.5, attention_dropout: 0.5, ..tiny_config() };
+    let config = FluxConfig {
+        hidden_dropout: 0.5,
+        attention_dropout: 0.5,
+        ..tiny_config()
+    };
     let model = Flux::new(&config, Device::Cpu).unwrap();
-    let inputs = Inputs::random(&config, 1, 2, 2, 3);
+    let inputs = batch(&config, 1, 2, 2, 3);
     let eval = |m: &Flux| tch::no_grad(|| m.forward(&inputs.as_input())).unwrap();
     assert_eq!(max_abs_diff(&eval(&model), &eval(&model)), 0.0);
     let train = || tch::no_grad(|| model.forward_t(&inputs.as_input(), true)).unwrap();
@@ -86,26 +123,64 @@ fn dropout_acts_only_in_training() {
 
 #[test]
 fn mismatched_inputs_are_named_errors() {
-    let config = FluxConfig { guidance_embed: true, ..tiny_config() };
+    let config = FluxConfig {
+        guidance_embed: true,
+        ..tiny_config()
+    };
     let model = Flux::new(&config, Device::Cpu).unwrap();
-    let good = Inputs::random(&config, 2, 3, 3, 4);
+    let good = batch(&config, 2, 3, 3, 4);
     let wrong_channels = Tensor::zeros([2, 5, 3, 3], (Kind::Float, Device::Cpu));
     let short_ids = Tensor::zeros([2, 8, 3], (Kind::Float, Device::Cpu));
     let wrong_y = Tensor::zeros([2, 7], (Kind::Float, Device::Cpu));
     let cases = [
-        (FluxInput { img: &wrong_channels, ..good.as_input() }, "img"),
-        (FluxInput { img_ids: &short_ids, ..good.as_input() }, "img_ids"),
-        (FluxInput { y: &wrong_y, ..good.as_input() }, "y"),
-        (FluxInput { guidance: None, ..good.as_input() }, "guidance"),
+        (
+            FluxInput {
+                img: &wrong_channels,
+                ..good.as_input()
+            },
+            "img",
+        ),
+        (
+            FluxInput {
+                img_ids: &short_ids,
+                ..good.as_input()
+            },
+            "img_ids",
+        ),
+        (
+            FluxInput {
+                y: &wrong_y,
+                ..good.as_input()
+            },
+            "y",
+        ),
+        (
+            FluxInput {
+                guidance: None,
+                ..good.as_input()
+            },
+            "guidance",
+        ),
     ];
     for (input, argument) in cases {
         let err = model.forward(&input).unwrap_err();
         assert_eq!(err.argument, argument, "{err}");
     }
-    let odd = FluxConfig { patch_size: 2, ..tiny_config() };
+    let odd = FluxConfig {
+        patch_size: 2,
+        ..tiny_config()
+    };
     let patched = Flux::new(&odd, Device::Cpu).unwrap();
-    let inputs = Inputs::random(&odd, 1, 2, 2, 3);
+    let inputs = batch(&odd, 1, 2, 2, 3);
     let odd_img = Tensor::zeros([1, 8, 5, 4], (Kind::Float, Device::Cpu));
-    let err = patched.forward(&FluxInput { img: &odd_img, ..inputs.as_input() }).unwrap_err();
-    assert!(err.to_string().contains("divisible by patch_size 2"), "{err}");
+    let err = patched
+        .forward(&FluxInput {
+            img: &odd_img,
+            ..inputs.as_input()
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("divisible by patch_size 2"),
+        "{err}"
+    );
 }

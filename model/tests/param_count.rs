@@ -16,15 +16,24 @@ fn flux_535m_without_guidance_has_the_reference_count() {
 fn flux_12b_counts_match_flux1_without_allocating() {
     let no_guidance = FluxConfig::flux_12b();
     assert_eq!(no_guidance.num_params(), 11_891_178_560);
-    let dev = FluxConfig { guidance_embed: true, ..FluxConfig::flux_12b() };
+    let dev = FluxConfig {
+        guidance_embed: true,
+        ..FluxConfig::flux_12b()
+    };
     assert_eq!(dev.num_params(), 11_901_408_320);
 }
 
 #[test]
 fn per_block_counts_match_the_reference() {
     let base = FluxConfig::flux_535m();
-    let two_joint = FluxConfig { num_joint_layers: 2, ..base.clone() };
-    let two_single = FluxConfig { num_single_layers: 2, ..base.clone() };
+    let two_joint = FluxConfig {
+        num_joint_layers: 2,
+        ..base.clone()
+    };
+    let two_single = FluxConfig {
+        num_single_layers: 2,
+        ..base.clone()
+    };
     assert_eq!(two_joint.num_params() - base.num_params(), 339_831_296);
     assert_eq!(two_single.num_params() - base.num_params(), 141_591_808);
 }
@@ -40,12 +49,22 @@ fn allocated_flux_535m_matches_the_layout_count() {
 #[test]
 fn layout_names_and_shapes_equal_the_allocated_state_dict() {
     for guidance_embed in [false, true] {
-        let config = FluxConfig { guidance_embed, ..common::tiny_config() };
+        let config = FluxConfig {
+            guidance_embed,
+            ..common::tiny_config()
+        };
         let model = Flux::new(&config, Device::Cpu).unwrap();
-        let allocated: BTreeMap<String, Vec<i64>> =
-            model.vs.variables().into_iter().map(|(name, t)| (name, t.size())).collect();
-        let layout: BTreeMap<String, Vec<i64>> =
-            config.param_layout().into_iter().map(|p| (p.name, p.shape)).collect();
+        let allocated: BTreeMap<String, Vec<i64>> = model
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(name, t)| (name, t.size()))
+            .collect();
+        let layout: BTreeMap<String, Vec<i64>> = config
+            .param_layout()
+            .into_iter()
+            .map(|p| (p.name, p.shape))
+            .collect();
         assert_eq!(allocated, layout);
     }
 }
@@ -77,7 +96,10 @@ fn state_dict_uses_the_unified_layer_namespace() {
         "norm_out.linear.weight",
         "proj_out.bias",
     ] {
-        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
     }
     assert!(!names.iter().any(|n| n.starts_with("transformer.layers.3.")));
     assert!(!names.iter().any(|n| n.starts_with("guidance_embedder")));

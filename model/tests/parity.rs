@@ -30,7 +30,8 @@ fn run_case(case: &str, layout: Layout) -> f64 {
     };
     convert::load_file(&mut model, &dir.join(file), layout).unwrap();
 
-    let io: HashMap<String, Tensor> = convert::read_safetensors(&dir.join("io.safetensors")).unwrap();
+    let io: HashMap<String, Tensor> =
+        convert::read_safetensors(&dir.join("io.safetensors")).unwrap();
     let input = FluxInput {
         img: &io["img"],
         txt: &io["txt"],

@@ -29,7 +29,11 @@ pub struct JointAttention<P = Tensor> {
 
 impl<P> JointAttention<P> {
     fn new<T: ParamPath<Param = P>>(p: &T, config: &FluxConfig) -> Self {
-        let (d, bias, eps) = (config.hidden_size, config.add_qkv_bias, config.layernorm_epsilon);
+        let (d, bias, eps) = (
+            config.hidden_size,
+            config.add_qkv_bias,
+            config.layernorm_epsilon,
+        );
         Self {
             linear_qkv: Linear::new(&p.sub("linear_qkv"), d, 3 * d, bias),
             added_linear_qkv: Linear::new(&p.sub("added_linear_qkv"), d, 3 * d, bias),
@@ -75,17 +79,35 @@ impl<P> DoubleBlock<P> {
 impl DoubleBlock {
     /// `img [B, Li, D]`, `txt [B, Lt, D]`, `vec [B, D]`, `rope` over `Lt + Li` tokens (text first)
     /// → updated `(img, txt)`.
-    pub fn forward(&self, img: &Tensor, txt: &Tensor, vec: &Tensor, rope: &Rope, train: bool) -> (Tensor, Tensor) {
+    pub fn forward(
+        &self,
+        img: &Tensor,
+        txt: &Tensor,
+        vec: &Tensor,
+        rope: &Rope,
+        train: bool,
+    ) -> (Tensor, Tensor) {
         let o = &self.options;
         let attn = &self.self_attention;
-        let [img_attn_mod, img_mlp_mod]: [_; 2] = self.adaln.forward(vec).try_into().expect("two triples");
-        let [txt_attn_mod, txt_mlp_mod]: [_; 2] = self.adaln_context.forward(vec).try_into().expect("two triples");
+        let [img_attn_mod, img_mlp_mod]: [_; 2] =
+            self.adaln.forward(vec).try_into().expect("two triples");
+        let [txt_attn_mod, txt_mlp_mod]: [_; 2] = self
+            .adaln_context
+            .forward(vec)
+            .try_into()
+            .expect("two triples");
 
         let img_qkv = attn.linear_qkv.forward(&img_attn_mod.modulate(img, o.eps));
-        let txt_qkv = attn.added_linear_qkv.forward(&txt_attn_mod.modulate(txt, o.eps));
+        let txt_qkv = attn
+            .added_linear_qkv
+            .forward(&txt_attn_mod.modulate(txt, o.eps));
         let img_qkv = attn.norm.forward(Qkv::from_fused(&img_qkv, o.heads));
         let txt_qkv = attn.added_norm.forward(Qkv::from_fused(&txt_qkv, o.heads));
-        let joint = attention(&Qkv::cat(&[&txt_qkv, &img_qkv]), rope, o.attention_dropout(train));
+        let joint = attention(
+            &Qkv::cat(&[&txt_qkv, &img_qkv]),
+            rope,
+            o.attention_dropout(train),
+        );
         let txt_len = txt.size()[1];
         let txt_out = joint.narrow(1, 0, txt_len);
         let img_out = joint.narrow(1, txt_len, img.size()[1]);
@@ -95,8 +117,12 @@ impl DoubleBlock {
         let txt = txt_attn_mod.gated_residual(txt, &branch(&attn.added_linear_proj, &txt_out));
 
         let mlp = |m: &Mlp, x: &Tensor| dropout(m.forward(x), o.hidden_dropout, train);
-        let img = img_mlp_mod.gated_residual(&img, &mlp(&self.mlp, &img_mlp_mod.modulate(&img, o.eps)));
-        let txt = txt_mlp_mod.gated_residual(&txt, &mlp(&self.context_mlp, &txt_mlp_mod.modulate(&txt, o.eps)));
+        let img =
+            img_mlp_mod.gated_residual(&img, &mlp(&self.mlp, &img_mlp_mod.modulate(&img, o.eps)));
+        let txt = txt_mlp_mod.gated_residual(
+            &txt,
+            &mlp(&self.context_mlp, &txt_mlp_mod.modulate(&txt, o.eps)),
+        );
         (img, txt)
     }
 }

@@ -28,12 +28,21 @@ pub struct SingleBlock<P = Tensor> {
 impl<P> SingleBlock<P> {
     /// Create the layer's parameters under `p`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, config: &FluxConfig) -> Self {
-        let (d, m, bias) = (config.hidden_size, config.mlp_hidden(), config.single_block_bias);
+        let (d, m, bias) = (
+            config.hidden_size,
+            config.mlp_hidden(),
+            config.single_block_bias,
+        );
         Self {
             adaln: AdaLn::new(&p.sub("adaln"), d, 1),
             linear_qkv_fc1: Linear::new(&p.sub("linear_qkv_fc1"), d, 3 * d + m, bias),
             linear_proj_fc2: Linear::new(&p.sub("linear_proj_fc2"), d + m, d, bias),
-            self_attention: QkNorm::new(&p.sub("self_attention"), "", config.head_dim(), config.layernorm_epsilon),
+            self_attention: QkNorm::new(
+                &p.sub("self_attention"),
+                "",
+                config.head_dim(),
+                config.layernorm_epsilon,
+            ),
             options: BlockOptions::from_config(config),
             hidden: d,
         }
@@ -48,9 +57,13 @@ impl SingleBlock {
         let fused = self.linear_qkv_fc1.forward(&modulation.modulate(x, o.eps));
         let mlp_width = fused.size()[2] - 3 * self.hidden;
         let parts = fused.split_with_sizes([3 * self.hidden, mlp_width], -1);
-        let qkv = self.self_attention.forward(Qkv::from_fused(&parts[0], o.heads));
+        let qkv = self
+            .self_attention
+            .forward(Qkv::from_fused(&parts[0], o.heads));
         let attn = attention(&qkv, rope, o.attention_dropout(train));
-        let out = self.linear_proj_fc2.forward(&Tensor::cat(&[attn, parts[1].gelu("tanh")], -1));
+        let out = self
+            .linear_proj_fc2
+            .forward(&Tensor::cat(&[attn, parts[1].gelu("tanh")], -1));
         modulation.gated_residual(x, &dropout(out, o.hidden_dropout, train))
     }
 }

@@ -82,12 +82,20 @@ fn locate<'a>(module: &'a str, config: &FluxConfig) -> (&'static [Row], &'a str,
         Some((index.parse::<usize>().ok()?, local))
     });
     match block {
-        Some((i, local)) if i < config.num_joint_layers => {
-            (JOINT, local, format!("double_blocks.{i}."), format!("transformer_blocks.{i}."))
-        }
+        Some((i, local)) if i < config.num_joint_layers => (
+            JOINT,
+            local,
+            format!("double_blocks.{i}."),
+            format!("transformer_blocks.{i}."),
+        ),
         Some((i, local)) => {
             let j = i - config.num_joint_layers;
-            (SINGLE, local, format!("single_blocks.{j}."), format!("single_transformer_blocks.{j}."))
+            (
+                SINGLE,
+                local,
+                format!("single_blocks.{j}."),
+                format!("single_transformer_blocks.{j}."),
+            )
         }
         None => (TOP, module, String::new(), String::new()),
     }
@@ -101,11 +109,22 @@ pub fn source(native: &str, layout: Layout, config: &FluxConfig) -> Option<Sourc
     let row = rows.iter().find(|r| r.native == local)?;
     Some(match layout {
         Layout::Bfl => {
-            let leaf = if row.native.ends_with("layernorm") && leaf == "weight" { "scale" } else { leaf };
-            Source { keys: vec![format!("{bfl_prefix}{}.{leaf}", row.bfl)], combine: Combine::Same }
+            let leaf = if row.native.ends_with("layernorm") && leaf == "weight" {
+                "scale"
+            } else {
+                leaf
+            };
+            Source {
+                keys: vec![format!("{bfl_prefix}{}.{leaf}", row.bfl)],
+                combine: Combine::Same,
+            }
         }
         Layout::Diffusers => Source {
-            keys: row.diffusers.iter().map(|m| format!("{diffusers_prefix}{m}.{leaf}")).collect(),
+            keys: row
+                .diffusers
+                .iter()
+                .map(|m| format!("{diffusers_prefix}{m}.{leaf}"))
+                .collect(),
             combine: row.combine,
         },
     })
@@ -113,7 +132,9 @@ pub fn source(native: &str, layout: Layout, config: &FluxConfig) -> Option<Sourc
 
 fn assemble(parts: Vec<Tensor>, combine: Combine) -> Tensor {
     match combine {
-        Combine::Same | Combine::Stack if parts.len() == 1 => parts.into_iter().next().expect("one part"),
+        Combine::Same | Combine::Stack if parts.len() == 1 => {
+            parts.into_iter().next().expect("one part")
+        }
         Combine::Same | Combine::Stack => Tensor::cat(&parts, 0),
         Combine::SwapHalves => {
             let halves = parts[0].chunk(2, 0);
@@ -126,18 +147,27 @@ fn assemble(parts: Vec<Tensor>, combine: Combine) -> Tensor {
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, LoadError> {
     Tensor::read_safetensors(path)
         .map(|v| v.into_iter().collect())
-        .map_err(|e| LoadError::Read { path: path.display().to_string(), message: e.to_string() })
+        .map_err(|e| LoadError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
 }
 
 /// Copy external `tensors` in `layout` into `model`'s parameters (strict: all found, all used).
-pub fn load_into(model: &mut Flux, tensors: &HashMap<String, Tensor>, layout: Layout) -> Result<(), LoadError> {
+pub fn load_into(
+    model: &mut Flux,
+    tensors: &HashMap<String, Tensor>,
+    layout: Layout,
+) -> Result<(), LoadError> {
     let config = model.config().clone();
     let mut used = BTreeSet::new();
     let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     for (native, mut param) in vars {
-        let src = source(&native, layout, &config)
-            .ok_or_else(|| LoadError::Unmapped { layout, native: native.clone() })?;
+        let src = source(&native, layout, &config).ok_or_else(|| LoadError::Unmapped {
+            layout,
+            native: native.clone(),
+        })?;
         let parts = src
             .keys
             .iter()
@@ -146,16 +176,27 @@ pub fn load_into(model: &mut Flux, tensors: &HashMap<String, Tensor>, layout: La
                 tensors
                     .get(key)
                     .map(Tensor::shallow_clone)
-                    .ok_or_else(|| LoadError::Missing { key: key.clone(), native: native.clone() })
+                    .ok_or_else(|| LoadError::Missing {
+                        key: key.clone(),
+                        native: native.clone(),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let value = assemble(parts, src.combine);
         if value.size() != param.size() {
-            return Err(LoadError::Shape { native, expected: param.size(), got: value.size() });
+            return Err(LoadError::Shape {
+                native,
+                expected: param.size(),
+                got: value.size(),
+            });
         }
         tch::no_grad(|| param.copy_(&value));
     }
-    let unused: Vec<String> = tensors.keys().filter(|k| !used.contains(*k)).cloned().collect();
+    let unused: Vec<String> = tensors
+        .keys()
+        .filter(|k| !used.contains(*k))
+        .cloned()
+        .collect();
     if unused.is_empty() {
         Ok(())
     } else {

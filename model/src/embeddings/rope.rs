@@ -14,9 +14,14 @@ pub fn generate_image_position_ids(batch: i64, height: i64, width: i64, device: 
 /// Position ids of a `rows × cols` token grid: `[B, rows·cols, 3]` f32 with `(0, i, j)` per token.
 pub fn token_grid_ids(batch: i64, rows: i64, cols: i64, device: Device) -> Tensor {
     let opts = (Kind::Float, device);
-    let r = Tensor::arange(rows, opts).view([rows, 1]).expand([rows, cols], false);
-    let c = Tensor::arange(cols, opts).view([1, cols]).expand([rows, cols], false);
-    let ids = Tensor::stack(&[Tensor::zeros([rows, cols], opts), r, c], -1).view([1, rows * cols, 3]);
+    let r = Tensor::arange(rows, opts)
+        .view([rows, 1])
+        .expand([rows, cols], false);
+    let c = Tensor::arange(cols, opts)
+        .view([1, cols])
+        .expand([rows, cols], false);
+    let ids =
+        Tensor::stack(&[Tensor::zeros([rows, cols], opts), r, c], -1).view([1, rows * cols, 3]);
     ids.expand([batch, rows * cols, 3], false).contiguous()
 }
 
@@ -67,7 +72,11 @@ pub struct EmbedNd {
 impl EmbedNd {
     /// Frequencies for axes of widths `axes_dim` (summing to the head width) and base `theta`.
     pub fn new(theta: f64, axes_dim: &[i64], interleaved: bool) -> Self {
-        Self { theta, axes_dim: axes_dim.to_vec(), interleaved }
+        Self {
+            theta,
+            axes_dim: axes_dim.to_vec(),
+            interleaved,
+        }
     }
 
     /// `ids [B, L, n_axes]` → the rotation for those positions (`Dh/2` angles per token).
@@ -79,7 +88,8 @@ impl EmbedNd {
             .iter()
             .enumerate()
             .map(|(axis, &dim)| {
-                let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Double, ids.device())) / dim as f64;
+                let exponents =
+                    Tensor::arange_start_step(0, dim, 2, (Kind::Double, ids.device())) / dim as f64;
                 let omega = (exponents * -self.theta.ln()).exp();
                 ids.select(-1, axis as i64).unsqueeze(-1) * omega
             })

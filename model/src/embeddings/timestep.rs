@@ -15,7 +15,8 @@ const MAX_PERIOD: f64 = 10_000.0;
 /// `f_i = 10000^(-i / (dim/2))`, `i < dim/2`. Returns `[B, dim]` in f32, cosines first.
 pub fn timestep_embedding(t: &Tensor, dim: i64) -> Tensor {
     let half = dim / 2;
-    let freqs = (Tensor::arange(half, (Kind::Float, t.device())) * (-MAX_PERIOD.ln() / half as f64)).exp();
+    let freqs =
+        (Tensor::arange(half, (Kind::Float, t.device())) * (-MAX_PERIOD.ln() / half as f64)).exp();
     let args = (t.to_kind(Kind::Float) * TIME_FACTOR).unsqueeze(1) * freqs.unsqueeze(0);
     let emb = Tensor::cat(&[args.cos(), args.sin()], -1);
     if dim % 2 == 1 {
@@ -36,14 +37,18 @@ pub struct TimeStepEmbedder<P = Tensor> {
 impl<P> TimeStepEmbedder<P> {
     /// Sinusoids of width `channels` (256 in Flux) lifted to `hidden`; parameters under `p`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, channels: i64, hidden: i64) -> Self {
-        Self { mlp: MlpEmbedder::new(p, channels, hidden), channels }
+        Self {
+            mlp: MlpEmbedder::new(p, channels, hidden),
+            channels,
+        }
     }
 }
 
 impl TimeStepEmbedder {
     /// `t [B]` in `[0, 1]` → `[B, D]`.
     pub fn forward(&self, t: &Tensor) -> Tensor {
-        let features = timestep_embedding(t, self.channels).to_kind(self.mlp.linear_1.weight.kind());
+        let features =
+            timestep_embedding(t, self.channels).to_kind(self.mlp.linear_1.weight.kind());
         self.mlp.forward(&features)
     }
 }

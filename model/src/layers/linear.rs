@@ -18,7 +18,11 @@ impl<P> Linear<P> {
     /// Create `p.weight` `[out_dim, in_dim]` and, if `bias`, `p.bias` `[out_dim]`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, in_dim: i64, out_dim: i64, bias: bool) -> Self {
         Self {
-            weight: p.param("weight", &[out_dim, in_dim], xavier_uniform(in_dim, out_dim)),
+            weight: p.param(
+                "weight",
+                &[out_dim, in_dim],
+                xavier_uniform(in_dim, out_dim),
+            ),
             bias: bias.then(|| p.param("bias", &[out_dim], Init::Const(0.0))),
         }
     }

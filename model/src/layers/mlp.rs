@@ -27,7 +27,8 @@ impl<P> Mlp<P> {
 impl Mlp {
     /// `x [B, L, D]` → `[B, L, D]`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.linear_fc2.forward(&self.linear_fc1.forward(x).gelu("tanh"))
+        self.linear_fc2
+            .forward(&self.linear_fc1.forward(x).gelu("tanh"))
     }
 }
 

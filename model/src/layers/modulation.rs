@@ -41,17 +41,28 @@ pub struct AdaLn<P = Tensor> {
 impl<P> AdaLn<P> {
     /// Create `p.linear` producing `triples` (shift, scale, gate) triples of width `dim`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, dim: i64, triples: i64) -> Self {
-        Self { linear: Linear::new(&p.sub("linear"), dim, 3 * triples * dim, true), triples }
+        Self {
+            linear: Linear::new(&p.sub("linear"), dim, 3 * triples * dim, true),
+            triples,
+        }
     }
 }
 
 impl AdaLn {
     /// `vec [B, D]` → `n` triples, each tensor `[B, 1, D]`.
     pub fn forward(&self, vec: &Tensor) -> Vec<Modulation> {
-        let chunks = self.linear.forward(&vec.silu()).unsqueeze(1).chunk(3 * self.triples, -1);
+        let chunks = self
+            .linear
+            .forward(&vec.silu())
+            .unsqueeze(1)
+            .chunk(3 * self.triples, -1);
         chunks
             .chunks_exact(3)
-            .map(|c| Modulation { shift: c[0].shallow_clone(), scale: c[1].shallow_clone(), gate: c[2].shallow_clone() })
+            .map(|c| Modulation {
+                shift: c[0].shallow_clone(),
+                scale: c[1].shallow_clone(),
+                gate: c[2].shallow_clone(),
+            })
             .collect()
     }
 }
@@ -68,7 +79,10 @@ pub struct AdaLnContinuous<P = Tensor> {
 impl<P> AdaLnContinuous<P> {
     /// Create `p.linear`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, dim: i64, eps: f64) -> Self {
-        Self { linear: Linear::new(&p.sub("linear"), dim, 2 * dim, true), eps }
+        Self {
+            linear: Linear::new(&p.sub("linear"), dim, 2 * dim, true),
+            eps,
+        }
     }
 }
 

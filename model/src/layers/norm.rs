@@ -9,7 +9,10 @@ use crate::params::ParamPath;
 ///
 /// `x [.., D]` → `[.., D]`.
 pub fn layer_norm(x: &Tensor, eps: f64) -> Tensor {
-    let width = *x.size().last().expect("layer_norm needs at least one dimension");
+    let width = *x
+        .size()
+        .last()
+        .expect("layer_norm needs at least one dimension");
     x.layer_norm([width], None::<Tensor>, None::<Tensor>, eps, true)
 }
 
@@ -24,7 +27,10 @@ pub struct RmsNorm<P = Tensor> {
 impl<P> RmsNorm<P> {
     /// Create `p.weight` `[dim]`.
     pub fn new<T: ParamPath<Param = P>>(p: &T, dim: i64, eps: f64) -> Self {
-        Self { weight: p.param("weight", &[dim], Init::Const(1.0)), eps }
+        Self {
+            weight: p.param("weight", &[dim], Init::Const(1.0)),
+            eps,
+        }
     }
 }
 

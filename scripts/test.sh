@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run the whole flux-hpc test suite: set-up (idempotent), reference fixtures, lints, tests.
+#
+#   bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+
+if [ ! -f tests/fixtures/data/flux_guidance_on/io.safetensors ]; then
+    echo "[test] making reference fixtures from diffusers"
+    .venv/bin/python tests/fixtures/make_flux_fixtures.py
+fi
+
+echo "[test] cargo fmt --check"
+cargo fmt --all -- --check
+echo "[test] cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "[test] cargo test"
+cargo test --workspace

@@ -1,0 +1,120 @@
+//! `flux-hpc demo`: build a Flux model and time its forward pass on random inputs.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use flux_cluster::Placement;
+use flux_model::{Flux, FluxBatch};
+use flux_train::RunConfig;
+
+use crate::info::group_digits;
+use crate::resolution::Resolution;
+use crate::{ConfigArgs, DeviceArgs};
+
+/// Arguments of `flux-hpc demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Narrow the model to this many heads, keeping the head width (hidden = heads × head width).
+    #[arg(long, default_value_t = 4)]
+    heads: i64,
+    /// Image size in pixels, WIDTHxHEIGHT (multiples of 16; one token per 16×16 pixels).
+    #[arg(long, default_value = "512x512")]
+    resolution: Resolution,
+    /// Text tokens per sample.
+    #[arg(long, default_value_t = 128)]
+    text_len: i64,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 1)]
+    batch: i64,
+    /// Timed forward passes after one warm-up.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Random seed for weights and inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: i64,
+}
+
+/// Build the model, run the forward passes, print shapes, parameter count and timings.
+pub fn run(args: DemoArgs) -> Result<()> {
+    let placement = Placement::from_env()?;
+    tch::set_num_threads(placement.threads() as i32);
+    let device = args.device.device.resolve(placement.local_rank)?;
+
+    let mut run = RunConfig::load(&args.config.config, &args.config.overrides)?;
+    let head_dim = run.model.head_dim();
+    run.model.num_attention_heads = args.heads;
+    run.model.hidden_size = args.heads * head_dim;
+    run.validate().context("the narrowed model is invalid")?;
+    let config = &run.model;
+
+    tch::manual_seed(args.seed);
+    let build = Instant::now();
+    let model = Flux::new(config, device)?;
+    let build_s = build.elapsed().as_secs_f64();
+    let (rows, cols) = args.resolution.tokens();
+    let batch = FluxBatch::random(config, args.batch, rows, cols, args.text_len, device);
+    let input = batch.as_input();
+
+    println!(
+        "device            {device:?} ({} threads)",
+        tch::get_num_threads()
+    );
+    println!(
+        "model             {} joint + {} single layers, hidden {} ({} heads × {}), built in {build_s:.2} s",
+        config.num_joint_layers, config.num_single_layers, config.hidden_size, config.num_attention_heads, head_dim
+    );
+    println!(
+        "parameters        {} allocated (layout says {})",
+        group_digits(model.get_num_params(false)),
+        group_digits(config.num_params())
+    );
+    println!(
+        "img               {:?}  ({} image → {rows}×{cols} tokens)",
+        batch.img.size(),
+        args.resolution
+    );
+    println!("txt               {:?}", batch.txt.size());
+    println!("y                 {:?}", batch.y.size());
+    println!("timesteps         {:?}", batch.timesteps.size());
+    println!(
+        "img_ids / txt_ids {:?} / {:?}",
+        batch.img_ids.size(),
+        batch.txt_ids.size()
+    );
+
+    let mut times = Vec::with_capacity(args.repeats);
+    let mut out = None;
+    for i in 0..=args.repeats {
+        let start = Instant::now();
+        let y = tch::no_grad(|| model.forward(&input))?;
+        if let tch::Device::Cuda(index) = device {
+            tch::Cuda::synchronize(index as i64);
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        tracing::debug!(pass = i, seconds, "forward");
+        if i > 0 {
+            times.push(seconds);
+        }
+        out = Some(y);
+    }
+    let out = out.expect("at least one pass");
+    times.sort_by(f64::total_cmp);
+    let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    println!(
+        "velocity          {:?}  (mean {:+.4}, std {:.4})",
+        out.size(),
+        out.mean(tch::Kind::Float).double_value(&[]),
+        out.std(true).double_value(&[])
+    );
+    println!(
+        "forward           {:.1} ms median of {} (after 1 warm-up)",
+        median * 1e3,
+        times.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! The run configuration file: a TOML document with one table per concern.
+//!
+//! ```toml
+//! [model]          # FluxConfig: the network's shape
+//! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
+//! ```
+//!
+//! Unknown tables or keys are errors; `--set table.key=value` overrides are applied to the TOML
+//! tree before it is read, so they are checked exactly like the file.
+
+use std::path::Path;
+
+use flux_model::{ConfigError, FluxConfig};
+use serde::{Deserialize, Serialize};
+
+/// How the world of ranks is divided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelismConfig {
+    /// Ranks sharing one model replica by splitting its weights (Megatron tensor parallelism).
+    pub tensor_parallel_size: i64,
+    /// Pipeline stages; diffusion models support only 1, as in Primus.
+    pub pipeline_parallel_size: i64,
+}
+
+impl Default for ParallelismConfig {
+    fn default() -> Self {
+        Self {
+            tensor_parallel_size: 1,
+            pipeline_parallel_size: 1,
+        }
+    }
+}
+
+impl ParallelismConfig {
+    /// Check sizes against the model; the error names the field within `[parallelism]`.
+    pub fn validate(&self, model: &FluxConfig) -> Result<(), ConfigError> {
+        if self.pipeline_parallel_size != 1 {
+            return Err(ConfigError::new(
+                "pipeline_parallel_size",
+                format!(
+                    "pipeline parallelism is not supported for diffusion models (must be 1, got {})",
+                    self.pipeline_parallel_size
+                ),
+            ));
+        }
+        let tp = self.tensor_parallel_size;
+        if tp < 1 {
+            return Err(ConfigError::new(
+                "tensor_parallel_size",
+                format!("must be at least 1, got {tp}"),
+            ));
+        }
+        if model.num_attention_heads % tp != 0 || model.mlp_hidden() % tp != 0 {
+            return Err(ConfigError::new(
+                "tensor_parallel_size",
+                format!(
+                    "{tp} must divide num_attention_heads ({}) and the MLP width ({})",
+                    model.num_attention_heads,
+                    model.mlp_hidden()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A whole run configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// `[model]`.
+    #[serde(default)]
+    pub model: FluxConfig,
+    /// `[parallelism]`.
+    #[serde(default)]
+    pub parallelism: ParallelismConfig,
+}
+
+/// Why a run config could not be used; every variant names the file and, where known, the field.
+#[derive(Debug, thiserror::Error)]
+pub enum RunConfigError {
+    /// The file could not be read.
+    #[error("{path}: {error}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// Not valid TOML, an unknown key, or a value of the wrong type (toml names the key and line).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message, with the offending key and position.
+        message: String,
+    },
+    /// A `--set` override that is not `table.key=value`.
+    #[error("--set {text}: {message}")]
+    Override {
+        /// The override as given.
+        text: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value that breaks a rule.
+    #[error("{path}: {error}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// The rule and the field.
+        error: ConfigError,
+    },
+}
+
+impl RunConfig {
+    /// Read `path`, apply `overrides` (`table.key=value`, value in TOML syntax; bare words are
+    /// strings), deserialize strictly and validate.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, RunConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| RunConfigError::Read {
+            path: display.clone(),
+            error,
+        })?;
+        Self::parse(&text, &display, overrides)
+    }
+
+    /// As [`RunConfig::load`], from TOML text; `origin` names the source in errors.
+    pub fn parse(text: &str, origin: &str, overrides: &[String]) -> Result<Self, RunConfigError> {
+        let parse_err = |e: &dyn std::fmt::Display| RunConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        };
+        // Without overrides, read the text itself so errors carry the line and column.
+        let config: RunConfig = if overrides.is_empty() {
+            toml::from_str(text).map_err(|e| parse_err(&e))?
+        } else {
+            let mut tree: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(&e))?;
+            for item in overrides {
+                apply_override(&mut tree, item)?;
+            }
+            toml::Value::Table(tree)
+                .try_into()
+                .map_err(|e: toml::de::Error| parse_err(&e))?
+        };
+        config.validate().map_err(|error| RunConfigError::Invalid {
+            path: origin.to_string(),
+            error,
+        })?;
+        Ok(config)
+    }
+
+    /// Validate every section; the error's field is `table.key`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate().map_err(|e| e.within("model"))?;
+        self.parallelism
+            .validate(&self.model)
+            .map_err(|e| e.within("parallelism"))
+    }
+}
+
+fn apply_override(tree: &mut toml::Table, item: &str) -> Result<(), RunConfigError> {
+    let bad = |message: &str| RunConfigError::Override {
+        text: item.to_string(),
+        message: message.to_string(),
+    };
+    let (key, raw) = item
+        .split_once('=')
+        .ok_or_else(|| bad("expected KEY=VALUE"))?;
+    let path: Vec<&str> = key.trim().split('.').collect();
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(bad("the key must be dotted, like model.hidden_size"));
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let (last, parents) = path.split_last().expect("non-empty path");
+    let mut table = tree;
+    for part in parents {
+        let entry = table
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| bad(&format!("`{part}` is not a table")))?;
+    }
+    table.insert(last.to_string(), value);
+    Ok(())
+}

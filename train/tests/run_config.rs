@@ -1,0 +1,139 @@
+//! Run-config files: the shipped presets load, bad input names the offending field.
+
+use std::path::{Path, PathBuf};
+
+use flux_model::FluxConfig;
+use flux_train::{RunConfig, RunConfigError};
+
+fn config_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs")
+        .join(name)
+}
+
+fn parse_err(text: &str, overrides: &[&str]) -> String {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    RunConfig::parse(text, "test.toml", &overrides)
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn shipped_configs_load_and_match_the_presets() {
+    let c535 = RunConfig::load(&config_path("flux_535m.toml"), &[]).unwrap();
+    assert_eq!(c535.model, FluxConfig::flux_535m());
+    assert_eq!(c535.model.num_params(), 535_318_336);
+    let c12 = RunConfig::load(&config_path("flux_12b.toml"), &[]).unwrap();
+    assert_eq!(
+        c12.model,
+        FluxConfig {
+            guidance_embed: true,
+            ..FluxConfig::flux_12b()
+        }
+    );
+    assert_eq!(c12.parallelism.tensor_parallel_size, 8);
+    let tiny = RunConfig::load(&config_path("flux_tiny.toml"), &[]).unwrap();
+    assert!(tiny.model.num_params() < 1_000_000);
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_name() {
+    let err = parse_err("[model]\nhiden_size = 64\n", &[]);
+    assert!(
+        err.starts_with("test.toml:") && err.contains("unknown field `hiden_size`"),
+        "{err}"
+    );
+    let err = parse_err("[modle]\n", &[]);
+    assert!(err.contains("unknown field `modle`"), "{err}");
+}
+
+#[test]
+fn wrong_types_name_the_key() {
+    let err = parse_err("[model]\nhidden_size = \"wide\"\n", &[]);
+    assert!(
+        err.contains("hidden_size") && err.contains("invalid type"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_values_name_table_and_field() {
+    let err = parse_err("[model]\nnum_attention_heads = 5\n", &[]);
+    assert_eq!(
+        err,
+        "test.toml: model.num_attention_heads: 5 heads do not divide hidden_size 3072"
+    );
+    let err = parse_err("[model]\naxes_dim = [16, 56]\n", &[]);
+    assert!(
+        err.starts_with("test.toml: model.axes_dim: needs exactly 3 entries"),
+        "{err}"
+    );
+}
+
+#[test]
+fn pipeline_parallelism_is_rejected() {
+    let err = parse_err("[parallelism]\npipeline_parallel_size = 2\n", &[]);
+    assert!(
+        err.starts_with(
+            "test.toml: parallelism.pipeline_parallel_size: pipeline parallelism is not supported"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn tensor_parallel_size_must_divide_heads() {
+    let err = parse_err("[parallelism]\ntensor_parallel_size = 5\n", &[]);
+    assert!(
+        err.contains("parallelism.tensor_parallel_size: 5 must divide num_attention_heads (24)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn overrides_are_applied_and_checked_like_the_file() {
+    let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let config = RunConfig::parse(
+        "[model]\n",
+        "t",
+        &set(&[
+            "model.num_attention_heads=4",
+            "model.hidden_size=512",
+            "model.guidance_embed=true",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        (config.model.hidden_size, config.model.num_attention_heads),
+        (512, 4)
+    );
+    assert!(config.model.guidance_embed);
+
+    let err = parse_err("[model]\n", &["model.hidden_size=513"]);
+    assert!(
+        err.contains("model.num_attention_heads: 24 heads do not divide hidden_size 513"),
+        "{err}"
+    );
+    let err = parse_err("[model]\n", &["model.widht=3"]);
+    assert!(err.contains("unknown field `widht`"), "{err}");
+    let err = parse_err("[model]\n", &["hidden_size"]);
+    assert_eq!(err, "--set hidden_size: expected KEY=VALUE");
+    let err = parse_err("[model]\nhidden_size = 64\n", &["model.hidden_size.x=1"]);
+    assert!(err.contains("`hidden_size` is not a table"), "{err}");
+}
+
+#[test]
+fn missing_files_name_the_path() {
+    let err = RunConfig::load(Path::new("/nonexistent/run.toml"), &[]).unwrap_err();
+    assert!(matches!(err, RunConfigError::Read { .. }));
+    assert!(
+        err.to_string().starts_with("/nonexistent/run.toml: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn parse_errors_show_the_line() {
+    let err = parse_err("[model]\nhidden_size = 64\nhiden_size = 64\n", &[]);
+    assert!(err.contains("line 3"), "{err}");
+}
