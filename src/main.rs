@@ -1,5 +1,6 @@
 //! `flux-hpc`: train Flux-class diffusion transformers on supercomputers.
 
+mod check_parallel;
 mod demo;
 mod info;
 mod resolution;
@@ -32,6 +33,16 @@ enum Command {
     ///
     /// Example: flux-hpc demo configs/flux_535m.toml --heads 8 --resolution 512x768
     Demo(demo::DemoArgs),
+    /// Check, under mpirun, that a tensor × data parallel layout reproduces one process exactly.
+    ///
+    /// Every rank builds the single-process model and the parallel one from the same seed, runs a
+    /// forward and backward pass, and compares the output and every parameter gradient (gathered
+    /// to logical shapes); it also counts the all-reduces the tensor-parallel regions issue.
+    /// The tensor-parallel size comes from [parallelism] (or --set); data parallel = world / tp.
+    ///
+    /// Example: mpirun -np 4 flux-hpc check-parallel configs/flux_tiny.toml \
+    ///            --set parallelism.tensor_parallel_size=2
+    CheckParallel(check_parallel::CheckParallelArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -67,6 +78,7 @@ fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::Info(args) => info::run(args),
+        Command::CheckParallel(args) => check_parallel::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,10 +3,9 @@
 use tch::Tensor;
 
 use crate::embeddings::Rope;
-use crate::layers::RmsNorm;
-use crate::params::ParamPath;
+use crate::tp::RmsNorm;
 
-/// Queries, keys and values of one stream, each `[B, H, L, Dh]`.
+/// Queries, keys and values of one stream, each `[B, H, L, Dh]` (`H` = this rank's heads).
 #[derive(Debug)]
 pub struct Qkv {
     /// `[B, H, L, Dh]`.
@@ -18,16 +17,27 @@ pub struct Qkv {
 }
 
 impl Qkv {
-    /// Split a fused projection `[B, L, 3·H·Dh]` laid out `[q; k; v]` into heads.
-    pub fn from_fused(qkv: &Tensor, heads: i64) -> Self {
-        let (b, l, width) = qkv.size3().expect("fused qkv must be [B, L, 3·D]");
-        let head_dim = width / (3 * heads);
+    /// Split a fused projection `[B, L, 3·H·Dh]` laid out `[q; k; v]` into heads of width
+    /// `head_dim` (`H` follows from the width, so a rank's shard splits the same way).
+    pub fn from_fused(qkv: &Tensor, head_dim: i64) -> Self {
+        let (b, l, width) = qkv.size3().expect("fused qkv must be [B, L, 3·H·Dh]");
+        let heads = width / (3 * head_dim);
         let parts = qkv
             .view([b, l, 3, heads, head_dim])
             .permute([2, 0, 3, 1, 4])
             .unbind(0);
         let [q, k, v]: [Tensor; 3] = parts.try_into().expect("three parts");
         Self { q, k, v }
+    }
+
+    /// RMS-normalise queries and keys with their learnable scales; values pass through.
+    pub fn normalized(self, q_norm: &RmsNorm, k_norm: &RmsNorm) -> Self {
+        let kind = self.v.kind();
+        Self {
+            q: q_norm.forward(&self.q).to_kind(kind),
+            k: k_norm.forward(&self.k).to_kind(kind),
+            v: self.v,
+        }
     }
 
     /// Concatenate streams along the sequence (`[txt; img]` in the joint block).
@@ -43,42 +53,13 @@ impl Qkv {
     }
 }
 
-/// QK-norm: RMSNorm with learnable scale on each head's queries and keys.
-#[derive(Debug)]
-pub struct QkNorm<P = Tensor> {
-    /// Scale `[Dh]` for queries.
-    pub q_layernorm: RmsNorm<P>,
-    /// Scale `[Dh]` for keys.
-    pub k_layernorm: RmsNorm<P>,
-}
-
-impl<P> QkNorm<P> {
-    /// Create `p.{prefix}q_layernorm` and `p.{prefix}k_layernorm`, each `[head_dim]`.
-    pub fn new<T: ParamPath<Param = P>>(p: &T, prefix: &str, head_dim: i64, eps: f64) -> Self {
-        Self {
-            q_layernorm: RmsNorm::new(&p.sub(&format!("{prefix}q_layernorm")), head_dim, eps),
-            k_layernorm: RmsNorm::new(&p.sub(&format!("{prefix}k_layernorm")), head_dim, eps),
-        }
-    }
-}
-
-impl QkNorm {
-    /// Normalise `qkv`'s queries and keys; values pass through. Result in `v`'s dtype.
-    pub fn forward(&self, qkv: Qkv) -> Qkv {
-        let kind = qkv.v.kind();
-        Qkv {
-            q: self.q_layernorm.forward(&qkv.q).to_kind(kind),
-            k: self.k_layernorm.forward(&qkv.k).to_kind(kind),
-            v: qkv.v,
-        }
-    }
-}
-
-/// RoPE on queries and keys, then one scaled-dot-product attention over the whole sequence
-/// (no mask). `qkv` `[B, H, L, Dh]` → `[B, L, H·Dh]`.
-pub fn attention(qkv: &Qkv, rope: &Rope, dropout: f64) -> Tensor {
-    let q = rope.apply(&qkv.q);
-    let k = rope.apply(&qkv.k);
+/// RoPE (if any) on queries and keys, then one scaled-dot-product attention over the whole
+/// sequence (no mask). `qkv` `[B, H, L, Dh]` → `[B, L, H·Dh]`.
+pub fn attention(qkv: &Qkv, rope: Option<&Rope>, dropout: f64) -> Tensor {
+    let (q, k) = match rope {
+        Some(rope) => (rope.apply(&qkv.q), rope.apply(&qkv.k)),
+        None => (qkv.q.shallow_clone(), qkv.k.shallow_clone()),
+    };
     let out = Tensor::scaled_dot_product_attention(
         &q,
         &k,

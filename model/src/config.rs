@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::params::{ParamShape, ShapePath};
+use crate::tp::ParamSpec;
 use crate::FluxTransformer;
 
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
@@ -241,14 +241,12 @@ impl FluxConfig {
     }
 
     /// Every parameter's name and logical shape, in creation order, computed without allocating.
-    pub fn param_layout(&self) -> Vec<ParamShape> {
-        let root = ShapePath::root();
-        FluxTransformer::<()>::new(&root, self);
-        root.recorded()
+    pub fn param_layout(&self) -> Vec<ParamSpec> {
+        FluxTransformer::param_specs("", self, 1)
     }
 
     /// Number of parameters, computed from the layout (no weights are allocated).
     pub fn num_params(&self) -> u64 {
-        self.param_layout().iter().map(ParamShape::numel).sum()
+        FluxTransformer::num_params(self)
     }
 }

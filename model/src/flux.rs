@@ -1,147 +1,139 @@
 //! The Flux model: embedders, joint layers, single layers and the output layer.
 
-use tch::nn::{self, VarStore};
+use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
-use crate::blocks::{DoubleBlock, FinalLayer, SingleBlock};
-use crate::embeddings::{EmbedNd, MlpEmbedder, TimeStepEmbedder};
-use crate::layers::Linear;
-use crate::params::ParamPath;
+use crate::blocks::{DoubleBlock, SingleBlock};
+use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
+use crate::layers::adaln_continuous;
 use crate::patchify::{patchify, unpatchify};
+use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
-/// Flux's module tree, generic over the parameter type (see [`crate::params`]).
-///
-/// State-dict names: `x_embedder`, `context_embedder`, `time_embedder`, `vector_embedder`,
-/// `guidance_embedder`, `transformer.layers.{i}` (joint layers first, then single), `norm_out`,
-/// `proj_out`.
+/// Flux's module tree. State-dict names: `x_embedder`, `context_embedder`, `time_embedder`,
+/// `vector_embedder`, `guidance_embedder`, `transformer.layers.{i}` (joint layers first, then
+/// single), `norm_out`, `proj_out`. The embedders and the output layer are replicated.
+#[diffusion_block(config = FluxConfig)]
 #[derive(Debug)]
-pub struct FluxTransformer<P = Tensor> {
+pub struct FluxTransformer {
     /// Image tokens `C·p²` → `D`.
-    pub x_embedder: Linear<P>,
+    #[linear(in = config.token_channels(), out = config.hidden_size)]
+    pub x_embedder: Linear,
     /// Text states `context_dim` → `D`.
-    pub context_embedder: Linear<P>,
+    #[linear(in = config.context_dim, out = config.hidden_size)]
+    pub context_embedder: Linear,
     /// Timestep sinusoids → `D`.
-    pub time_embedder: TimeStepEmbedder<P>,
+    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size })]
+    pub time_embedder: TimeStepEmbedder,
     /// Pooled text vector → `D`.
-    pub vector_embedder: MlpEmbedder<P>,
+    #[module(config = EmbedderDims { in_dim: config.vec_in_dim, hidden: config.hidden_size })]
+    pub vector_embedder: MlpEmbedder,
     /// Guidance-strength sinusoids → `D`, when `guidance_embed`.
-    pub guidance_embedder: Option<TimeStepEmbedder<P>>,
+    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size },
+             when = config.guidance_embed)]
+    pub guidance_embedder: Option<TimeStepEmbedder>,
     /// `transformer.layers.0 ..< num_joint_layers`.
-    pub joint_layers: Vec<DoubleBlock<P>>,
+    #[layers(count = config.num_joint_layers, name = "transformer.layers")]
+    pub joint_layers: Vec<DoubleBlock>,
     /// `transformer.layers.num_joint_layers ..< num_layers`.
-    pub single_layers: Vec<SingleBlock<P>>,
-    /// `norm_out` and `proj_out`.
-    pub final_layer: FinalLayer<P>,
-}
-
-impl<P> FluxTransformer<P> {
-    /// Create every parameter of `config` below `p` (the config must be valid).
-    pub fn new<T: ParamPath<Param = P>>(p: &T, config: &FluxConfig) -> Self {
-        let d = config.hidden_size;
-        let layers = p.sub("transformer").sub("layers");
-        let layer = |i: usize| layers.sub(&i.to_string());
-        Self {
-            x_embedder: Linear::new(&p.sub("x_embedder"), config.token_channels(), d, true),
-            context_embedder: Linear::new(&p.sub("context_embedder"), config.context_dim, d, true),
-            time_embedder: TimeStepEmbedder::new(&p.sub("time_embedder"), config.model_channels, d),
-            vector_embedder: MlpEmbedder::new(&p.sub("vector_embedder"), config.vec_in_dim, d),
-            guidance_embedder: config.guidance_embed.then(|| {
-                TimeStepEmbedder::new(&p.sub("guidance_embedder"), config.model_channels, d)
-            }),
-            joint_layers: (0..config.num_joint_layers)
-                .map(|i| DoubleBlock::new(&layer(i), config))
-                .collect(),
-            single_layers: (config.num_joint_layers..config.num_layers())
-                .map(|i| SingleBlock::new(&layer(i), config))
-                .collect(),
-            final_layer: FinalLayer::new(p, config),
-        }
-    }
-}
-
-/// A Flux model with its weights: the `VarStore` that owns them and the module tree using them.
-#[derive(Debug)]
-pub struct Flux {
-    /// Owner of every parameter, keyed by state-dict name.
-    pub vs: VarStore,
-    /// The modules.
-    pub transformer: FluxTransformer,
-    config: FluxConfig,
+    #[layers(count = config.num_single_layers, start = config.num_joint_layers, name = "transformer.layers")]
+    pub single_layers: Vec<SingleBlock>,
+    /// Output modulation `[2D, D]`, rows `[shift; scale]`.
+    #[linear(in = config.hidden_size, out = 2 * config.hidden_size, name = "norm_out.linear")]
+    pub norm_out: Linear,
+    /// Projection to `C·p²` channels per token.
+    #[linear(in = config.hidden_size, out = config.token_channels())]
+    pub proj_out: Linear,
+    #[value(EmbedNd::new(config.theta, &config.axes_dim, config.rotary_interleaved))]
     pe_embedder: EmbedNd,
+    #[value(config.clone())]
+    config: FluxConfig,
 }
 
-impl Flux {
-    /// Validate `config` and allocate a freshly initialised model on `device` (f32).
-    pub fn new(config: &FluxConfig, device: Device) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let vs = VarStore::new(device);
-        let transformer = FluxTransformer::new(&vs.root(), config);
-        let pe_embedder = EmbedNd::new(config.theta, &config.axes_dim, config.rotary_interleaved);
-        Ok(Self {
-            vs,
-            transformer,
-            config: config.clone(),
-            pe_embedder,
-        })
-    }
-
-    /// The model's configuration.
-    pub fn config(&self) -> &FluxConfig {
-        &self.config
-    }
-
-    /// Number of parameters held: all, or only those that currently require gradients.
-    pub fn get_num_params(&self, trainable_only: bool) -> u64 {
-        self.vs
-            .variables()
-            .values()
-            .filter(|t| !trainable_only || t.requires_grad())
-            .map(|t| t.numel() as u64)
-            .sum()
-    }
-
-    /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).
-    pub fn forward(&self, input: &FluxInput) -> Result<Tensor, InputError> {
-        self.forward_t(input, false)
-    }
-
-    /// Predicted velocity `[B, C, H, W]`; `train` enables dropout.
-    pub fn forward_t(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
+impl FluxTransformer {
+    /// Predicted velocity `[B, C, H, W]` for `input`; `train` enables dropout.
+    pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = input.check(&self.config)?;
-        let net = &self.transformer;
         let p = self.config.patch_size;
 
-        let mut img = net.x_embedder.forward(&patchify(input.img, p));
-        let mut txt = net.context_embedder.forward(input.txt);
+        let mut img = self.x_embedder.forward(&patchify(input.img, p));
+        let mut txt = self.context_embedder.forward(input.txt);
         let mut vec =
-            net.time_embedder.forward(input.timesteps) + net.vector_embedder.forward(input.y);
-        if let (Some(embedder), Some(g)) = (&net.guidance_embedder, input.guidance) {
+            self.time_embedder.forward(input.timesteps) + self.vector_embedder.forward(input.y);
+        if let (Some(embedder), Some(g)) = (&self.guidance_embedder, input.guidance) {
             vec += embedder.forward(g);
         }
         let rope = self
             .pe_embedder
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
-        for layer in &net.joint_layers {
+        for layer in &self.joint_layers {
             (img, txt) = layer.forward(&img, &txt, &vec, &rope, train);
         }
         let text_len = txt.size()[1];
         let mut x = Tensor::cat(&[txt, img], 1);
-        for layer in &net.single_layers {
+        for layer in &self.single_layers {
             x = layer.forward(&x, &vec, &rope, train);
         }
         let img = x.narrow(1, text_len, rows * cols);
-        Ok(unpatchify(
-            &net.final_layer.forward(&img, &vec),
-            p,
-            rows,
-            cols,
-        ))
+        let out = self.proj_out.forward(&adaln_continuous(
+            &self.norm_out,
+            &img,
+            &vec,
+            self.config.layernorm_epsilon,
+        ));
+        Ok(unpatchify(&out, p, rows, cols))
+    }
+}
+
+/// A Flux model with its weights: this rank's parameter store and the module tree using it.
+#[derive(Debug)]
+pub struct Flux {
+    /// This rank's parameters (local shards), their specs and the tensor-parallel group.
+    pub store: ShardedStore,
+    /// The modules.
+    pub transformer: FluxTransformer,
+}
+
+impl Flux {
+    /// Validate `config` and allocate a freshly initialised single-rank model on `device` (f32).
+    pub fn new(config: &FluxConfig, device: Device) -> Result<Self, ConfigError> {
+        Self::new_parallel(config, device, TpContext::single())
     }
 
-    /// The root path of the parameters, for loaders and optimisers.
-    pub fn root(&self) -> nn::Path<'_> {
-        self.vs.root()
+    /// As [`Flux::new`], holding this rank's shards of the tensor-parallel group `tp`. The weights
+    /// equal the matching slices of a single-rank model built from the same seed.
+    pub fn new_parallel(
+        config: &FluxConfig,
+        device: Device,
+        tp: TpContext,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        check_tp_size(config.num_attention_heads, config.mlp_hidden(), tp.size())?;
+        let specs = FluxTransformer::param_specs("", config, tp.size() as i64);
+        let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
+            FluxTransformer::new(root, config, tp)
+        });
+        Ok(Self { store, transformer })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &FluxConfig {
+        &self.transformer.config
+    }
+
+    /// Number of parameters held on this rank: all, or only those that require gradients.
+    pub fn get_num_params(&self, trainable_only: bool) -> u64 {
+        self.store.num_local_params(trainable_only)
+    }
+
+    /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).
+    pub fn forward(&self, input: &FluxInput) -> Result<Tensor, InputError> {
+        self.transformer.forward(input, false)
+    }
+
+    /// Predicted velocity `[B, C, H, W]`; `train` enables dropout.
+    pub fn forward_t(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
+        self.transformer.forward(input, train)
     }
 }

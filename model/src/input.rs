@@ -147,6 +147,20 @@ impl FluxBatch {
         }
     }
 
+    /// Samples `start ..< start + len` of the batch (a data-parallel replica's share).
+    pub fn narrow(&self, start: i64, len: i64) -> Self {
+        let cut = |t: &Tensor| t.narrow(0, start, len);
+        Self {
+            img: cut(&self.img),
+            txt: cut(&self.txt),
+            y: cut(&self.y),
+            timesteps: cut(&self.timesteps),
+            img_ids: cut(&self.img_ids),
+            txt_ids: cut(&self.txt_ids),
+            guidance: self.guidance.as_ref().map(cut),
+        }
+    }
+
     /// Borrow as the forward pass' arguments.
     pub fn as_input(&self) -> FluxInput<'_> {
         FluxInput {

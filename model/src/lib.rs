@@ -11,19 +11,24 @@
 //!   → norm_out(vec) → proj_out → [B,Li,C·p²] ─unpatchify→ [B,C,H,W] velocity
 //! ```
 //!
-//! Every module is generic over its parameter type so one constructor serves both real weights
-//! ([`Flux`]) and shape-only layouts ([`FluxConfig::param_layout`]).
+//! Blocks are declared with `#[diffusion_block]` (crate `flux-macros`): their fields say what each
+//! weight is and how it is split over a tensor-parallel group ([`tp`]); the macro writes the
+//! constructor, the state-dict spec and the parameter count.
+
+// Lets the macro's `::flux_model::…` paths resolve inside this crate too.
+extern crate self as flux_model;
 
 pub mod attention;
 pub mod blocks;
 mod config;
 pub mod convert;
+pub mod dit;
 pub mod embeddings;
 mod flux;
 mod input;
 pub mod layers;
-pub mod params;
 pub mod patchify;
+pub mod tp;
 
 pub use config::{ConfigError, FluxConfig};
 pub use flux::{Flux, FluxTransformer};

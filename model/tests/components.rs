@@ -2,7 +2,8 @@
 
 use approx::assert_abs_diff_eq;
 use flux_model::embeddings::{generate_image_position_ids, timestep_embedding, EmbedNd};
-use flux_model::layers::{layer_norm, RmsNorm};
+use flux_model::layers::layer_norm;
+use flux_model::tp::{NormDecl, RmsNorm, TpContext};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -74,7 +75,12 @@ fn rope_halves_mode_pairs_i_with_i_plus_half() {
 #[test]
 fn rms_norm_and_layer_norm_match_their_formulas() {
     let vs = VarStore::new(Device::Cpu);
-    let norm = RmsNorm::new(&vs.root(), 4, 1e-6);
+    let decl = NormDecl {
+        dim: 4,
+        eps: 1e-6,
+        on_shards: false,
+    };
+    let norm = RmsNorm::new(&vs.root(), &decl, &TpContext::single());
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 4]);
     let rms = (30.0f64 / 4.0).sqrt();
     for (got, v) in f32s(&norm.forward(&x)).iter().zip([1.0, 2.0, 3.0, 4.0]) {

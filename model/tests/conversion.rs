@@ -23,8 +23,8 @@ fn export_then_load_reproduces_every_weight_in_both_layouts() {
         let source = Flux::new(&config, Device::Cpu).unwrap();
         let mut target = Flux::new(&config, Device::Cpu).unwrap();
         convert::load_into(&mut target, &exported(&source, layout), layout).unwrap();
-        let target_vars = target.vs.variables();
-        for (name, value) in source.vs.variables() {
+        let target_vars = target.store.vs.variables();
+        for (name, value) in source.store.vs.variables() {
             assert!(
                 value.equal(&target_vars[&name]),
                 "{layout:?}: {name} differs"
@@ -57,7 +57,7 @@ fn reference_key_names_are_produced() {
         [64]
     );
     // diffusers' norm_out is [scale; shift]; native and BFL are [shift; scale].
-    let native = &model.vs.variables()["norm_out.linear.weight"];
+    let native = &model.store.vs.variables()["norm_out.linear.weight"];
     assert!(diffusers["norm_out.linear.weight"]
         .narrow(0, 0, 64)
         .equal(&native.narrow(0, 64, 64)));

@@ -45,7 +45,7 @@ fn patch_size_two_equals_patch_size_one_on_packed_latents() {
     };
     let a = Flux::new(&packed, Device::Cpu).unwrap();
     let mut b = Flux::new(&patched, Device::Cpu).unwrap();
-    b.vs.copy(&a.vs).unwrap();
+    b.store.vs.copy(&a.store.vs).unwrap();
 
     let raw = batch(&patched, 2, 3, 5, 4);
     let packed_img = patchify(&raw.img, 2).transpose(1, 2).reshape([2, 16, 3, 5]);
@@ -96,7 +96,7 @@ fn gradients_reach_every_parameter() {
     let inputs = batch(model.config(), 2, 2, 3, 4);
     let out = model.forward_t(&inputs.as_input(), true).unwrap();
     out.square().mean(Kind::Float).backward();
-    for (name, var) in model.vs.variables() {
+    for (name, var) in model.store.vs.variables() {
         let grad = var.grad();
         assert!(grad.defined(), "{name} has no gradient");
         assert!(

@@ -55,6 +55,7 @@ fn layout_names_and_shapes_equal_the_allocated_state_dict() {
         };
         let model = Flux::new(&config, Device::Cpu).unwrap();
         let allocated: BTreeMap<String, Vec<i64>> = model
+            .store
             .vs
             .variables()
             .into_iter()
@@ -73,7 +74,7 @@ fn layout_names_and_shapes_equal_the_allocated_state_dict() {
 fn trainable_count_excludes_frozen_parameters() {
     let config = common::tiny_config();
     let mut model = Flux::new(&config, Device::Cpu).unwrap();
-    model.vs.freeze();
+    model.store.vs.freeze();
     assert_eq!(model.get_num_params(true), 0);
     assert_eq!(model.get_num_params(false), config.num_params());
 }

@@ -1,79 +1,102 @@
 //! The joint (double-stream, MMDiT) block: image and text keep their own weights but attend jointly.
 
+use flux_macros::diffusion_block;
 use tch::Tensor;
 
-use crate::attention::{attention, QkNorm, Qkv};
+use crate::attention::{attention, Qkv};
 use crate::blocks::BlockOptions;
 use crate::embeddings::Rope;
-use crate::layers::{dropout, AdaLn, Linear, Mlp};
-use crate::params::ParamPath;
+use crate::layers::{adaln, dropout, Mlp, MlpDims};
+use crate::tp::{Linear, RmsNorm};
 use crate::FluxConfig;
 
-/// Joint attention weights: one fused `[q; k; v]` projection, QK-norm and output projection per
-/// stream (`linear_*` for image tokens, `added_linear_*` for text tokens).
+/// Joint attention weights: per stream a fused `[q; k; v]` projection (column-parallel, split by
+/// heads), QK-norm, and an output projection (row-parallel). `linear_*` act on image tokens,
+/// `added_*` on text tokens.
+#[diffusion_block(config = FluxConfig)]
 #[derive(Debug)]
-pub struct JointAttention<P = Tensor> {
+pub struct JointAttention {
     /// Image `[3D, D]`, rows `[q; k; v]`.
-    pub linear_qkv: Linear<P>,
+    #[linear(in = config.hidden_size, shard = column, bias = config.add_qkv_bias,
+             parts = [q = config.hidden_size, k = config.hidden_size, v = config.hidden_size])]
+    pub linear_qkv: Linear,
     /// Text `[3D, D]`, rows `[q; k; v]`.
-    pub added_linear_qkv: Linear<P>,
-    /// Image QK-norm scales `[Dh]`.
-    pub norm: QkNorm<P>,
-    /// Text QK-norm scales `[Dh]`.
-    pub added_norm: QkNorm<P>,
+    #[linear(in = config.hidden_size, shard = column, bias = config.add_qkv_bias,
+             parts = [q = config.hidden_size, k = config.hidden_size, v = config.hidden_size])]
+    pub added_linear_qkv: Linear,
+    /// Image query scale `[Dh]`.
+    #[norm(dim = config.head_dim(), eps = config.layernorm_epsilon, on_shards)]
+    pub q_layernorm: RmsNorm,
+    /// Image key scale `[Dh]`.
+    #[norm(dim = config.head_dim(), eps = config.layernorm_epsilon, on_shards)]
+    pub k_layernorm: RmsNorm,
+    /// Text query scale `[Dh]`.
+    #[norm(dim = config.head_dim(), eps = config.layernorm_epsilon, on_shards)]
+    pub added_q_layernorm: RmsNorm,
+    /// Text key scale `[Dh]`.
+    #[norm(dim = config.head_dim(), eps = config.layernorm_epsilon, on_shards)]
+    pub added_k_layernorm: RmsNorm,
     /// Image output projection `[D, D]`.
-    pub linear_proj: Linear<P>,
+    #[linear(in = config.hidden_size, out = config.hidden_size, shard = row)]
+    pub linear_proj: Linear,
     /// Text output projection `[D, D]`.
-    pub added_linear_proj: Linear<P>,
+    #[linear(in = config.hidden_size, out = config.hidden_size, shard = row)]
+    pub added_linear_proj: Linear,
+    #[value(BlockOptions::from_config(config))]
+    options: BlockOptions,
 }
 
-impl<P> JointAttention<P> {
-    fn new<T: ParamPath<Param = P>>(p: &T, config: &FluxConfig) -> Self {
-        let (d, bias, eps) = (
-            config.hidden_size,
-            config.add_qkv_bias,
-            config.layernorm_epsilon,
+impl JointAttention {
+    /// Modulated `img [B, Li, D]` and `txt [B, Lt, D]`, `rope` over `Lt + Li` tokens (text first)
+    /// → projected attention outputs `(img [B, Li, D], txt [B, Lt, D])`.
+    pub fn forward(
+        &self,
+        img: &Tensor,
+        txt: &Tensor,
+        rope: &Rope,
+        train: bool,
+    ) -> (Tensor, Tensor) {
+        let o = &self.options;
+        let img_qkv = Qkv::from_fused(&self.linear_qkv.forward(img), o.head_dim)
+            .normalized(&self.q_layernorm, &self.k_layernorm);
+        let txt_qkv = Qkv::from_fused(&self.added_linear_qkv.forward(txt), o.head_dim)
+            .normalized(&self.added_q_layernorm, &self.added_k_layernorm);
+        let joint = attention(
+            &Qkv::cat(&[&txt_qkv, &img_qkv]),
+            Some(rope),
+            o.attention_dropout(train),
         );
-        Self {
-            linear_qkv: Linear::new(&p.sub("linear_qkv"), d, 3 * d, bias),
-            added_linear_qkv: Linear::new(&p.sub("added_linear_qkv"), d, 3 * d, bias),
-            norm: QkNorm::new(p, "", config.head_dim(), eps),
-            added_norm: QkNorm::new(p, "added_", config.head_dim(), eps),
-            linear_proj: Linear::new(&p.sub("linear_proj"), d, d, true),
-            added_linear_proj: Linear::new(&p.sub("added_linear_proj"), d, d, true),
-        }
+        let text_len = txt.size()[1];
+        let txt_out = joint.narrow(1, 0, text_len);
+        let img_out = joint.narrow(1, text_len, img.size()[1]);
+        (
+            self.linear_proj.forward(&img_out),
+            self.added_linear_proj.forward(&txt_out),
+        )
     }
 }
 
 /// One joint layer: `transformer.layers.{i}` for `i < num_joint_layers`.
+#[diffusion_block(config = FluxConfig)]
 #[derive(Debug)]
-pub struct DoubleBlock<P = Tensor> {
-    /// Image modulation: two (shift, scale, gate) triples, `[6D, D]`.
-    pub adaln: AdaLn<P>,
-    /// Text modulation, `[6D, D]`.
-    pub adaln_context: AdaLn<P>,
-    /// Joint attention weights.
-    pub self_attention: JointAttention<P>,
+pub struct DoubleBlock {
+    /// Image modulation, two (shift, scale, gate) triples: `[6D, D]`.
+    #[linear(in = config.hidden_size, out = 6 * config.hidden_size, name = "adaln.linear")]
+    pub adaln: Linear,
+    /// Text modulation `[6D, D]`.
+    #[linear(in = config.hidden_size, out = 6 * config.hidden_size, name = "adaln_context.linear")]
+    pub adaln_context: Linear,
+    /// Joint attention.
+    #[module]
+    pub self_attention: JointAttention,
     /// Image MLP.
-    pub mlp: Mlp<P>,
+    #[module(config = MlpDims { dim: config.hidden_size, hidden: config.mlp_hidden() })]
+    pub mlp: Mlp,
     /// Text MLP.
-    pub context_mlp: Mlp<P>,
+    #[module(config = MlpDims { dim: config.hidden_size, hidden: config.mlp_hidden() })]
+    pub context_mlp: Mlp,
+    #[value(BlockOptions::from_config(config))]
     options: BlockOptions,
-}
-
-impl<P> DoubleBlock<P> {
-    /// Create the layer's parameters under `p`.
-    pub fn new<T: ParamPath<Param = P>>(p: &T, config: &FluxConfig) -> Self {
-        let (d, m) = (config.hidden_size, config.mlp_hidden());
-        Self {
-            adaln: AdaLn::new(&p.sub("adaln"), d, 2),
-            adaln_context: AdaLn::new(&p.sub("adaln_context"), d, 2),
-            self_attention: JointAttention::new(&p.sub("self_attention"), config),
-            mlp: Mlp::new(&p.sub("mlp"), d, m),
-            context_mlp: Mlp::new(&p.sub("context_mlp"), d, m),
-            options: BlockOptions::from_config(config),
-        }
-    }
 }
 
 impl DoubleBlock {
@@ -88,40 +111,23 @@ impl DoubleBlock {
         train: bool,
     ) -> (Tensor, Tensor) {
         let o = &self.options;
-        let attn = &self.self_attention;
-        let [img_attn_mod, img_mlp_mod]: [_; 2] =
-            self.adaln.forward(vec).try_into().expect("two triples");
-        let [txt_attn_mod, txt_mlp_mod]: [_; 2] = self
-            .adaln_context
-            .forward(vec)
-            .try_into()
-            .expect("two triples");
+        let [img_attn, img_mlp] = adaln::<2>(&self.adaln, vec);
+        let [txt_attn, txt_mlp] = adaln::<2>(&self.adaln_context, vec);
 
-        let img_qkv = attn.linear_qkv.forward(&img_attn_mod.modulate(img, o.eps));
-        let txt_qkv = attn
-            .added_linear_qkv
-            .forward(&txt_attn_mod.modulate(txt, o.eps));
-        let img_qkv = attn.norm.forward(Qkv::from_fused(&img_qkv, o.heads));
-        let txt_qkv = attn.added_norm.forward(Qkv::from_fused(&txt_qkv, o.heads));
-        let joint = attention(
-            &Qkv::cat(&[&txt_qkv, &img_qkv]),
+        let (img_out, txt_out) = self.self_attention.forward(
+            &img_attn.modulate(img, o.eps),
+            &txt_attn.modulate(txt, o.eps),
             rope,
-            o.attention_dropout(train),
+            train,
         );
-        let txt_len = txt.size()[1];
-        let txt_out = joint.narrow(1, 0, txt_len);
-        let img_out = joint.narrow(1, txt_len, img.size()[1]);
+        let img = img_attn.gated_residual(img, &dropout(img_out, o.hidden_dropout, train));
+        let txt = txt_attn.gated_residual(txt, &dropout(txt_out, o.hidden_dropout, train));
 
-        let branch = |proj: &Linear, x: &Tensor| dropout(proj.forward(x), o.hidden_dropout, train);
-        let img = img_attn_mod.gated_residual(img, &branch(&attn.linear_proj, &img_out));
-        let txt = txt_attn_mod.gated_residual(txt, &branch(&attn.added_linear_proj, &txt_out));
-
-        let mlp = |m: &Mlp, x: &Tensor| dropout(m.forward(x), o.hidden_dropout, train);
-        let img =
-            img_mlp_mod.gated_residual(&img, &mlp(&self.mlp, &img_mlp_mod.modulate(&img, o.eps)));
-        let txt = txt_mlp_mod.gated_residual(
+        let branch = |mlp: &Mlp, x: &Tensor| dropout(mlp.forward(x), o.hidden_dropout, train);
+        let img = img_mlp.gated_residual(&img, &branch(&self.mlp, &img_mlp.modulate(&img, o.eps)));
+        let txt = txt_mlp.gated_residual(
             &txt,
-            &mlp(&self.context_mlp, &txt_mlp_mod.modulate(&txt, o.eps)),
+            &branch(&self.context_mlp, &txt_mlp.modulate(&txt, o.eps)),
         );
         (img, txt)
     }

@@ -1,11 +1,9 @@
-//! Flux's transformer blocks: joint (double-stream MMDiT), single-stream, and the output layer.
+//! Flux's transformer blocks: joint (double-stream, MMDiT) and single-stream layers.
 
 mod double;
-mod final_layer;
 mod single;
 
 pub use double::{DoubleBlock, JointAttention};
-pub use final_layer::FinalLayer;
 pub use single::SingleBlock;
 
 use crate::FluxConfig;
@@ -13,8 +11,8 @@ use crate::FluxConfig;
 /// The per-block scalars every block needs from the config.
 #[derive(Debug, Clone, Copy)]
 pub struct BlockOptions {
-    /// Attention heads `H`.
-    pub heads: i64,
+    /// Head width `Dh`.
+    pub head_dim: i64,
     /// LayerNorm / RMSNorm epsilon.
     pub eps: f64,
     /// Dropout on branch outputs in training.
@@ -27,14 +25,15 @@ impl BlockOptions {
     /// The options `config` sets.
     pub fn from_config(config: &FluxConfig) -> Self {
         Self {
-            heads: config.num_attention_heads,
+            head_dim: config.head_dim(),
             eps: config.layernorm_epsilon,
             hidden_dropout: config.hidden_dropout,
             attention_dropout: config.attention_dropout,
         }
     }
 
-    fn attention_dropout(&self, train: bool) -> f64 {
+    /// Attention dropout in effect (none outside training).
+    pub fn attention_dropout(&self, train: bool) -> f64 {
         if train {
             self.attention_dropout
         } else {

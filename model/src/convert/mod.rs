@@ -154,6 +154,7 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, LoadErro
 }
 
 /// Copy external `tensors` in `layout` into `model`'s parameters (strict: all found, all used).
+/// Under tensor parallelism each rank keeps its shard of the logical tensors.
 pub fn load_into(
     model: &mut Flux,
     tensors: &HashMap<String, Tensor>,
@@ -161,10 +162,10 @@ pub fn load_into(
 ) -> Result<(), LoadError> {
     let config = model.config().clone();
     let mut used = BTreeSet::new();
-    let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    for (native, mut param) in vars {
-        let src = source(&native, layout, &config).ok_or_else(|| LoadError::Unmapped {
+    let mut logical = HashMap::new();
+    for spec in model.store.param_specs() {
+        let native = &spec.name;
+        let src = source(native, layout, &config).ok_or_else(|| LoadError::Unmapped {
             layout,
             native: native.clone(),
         })?;
@@ -183,27 +184,29 @@ pub fn load_into(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let value = assemble(parts, src.combine);
-        if value.size() != param.size() {
+        if value.size() != spec.shape {
             return Err(LoadError::Shape {
-                native,
-                expected: param.size(),
+                native: native.clone(),
+                expected: spec.shape.clone(),
                 got: value.size(),
             });
         }
-        tch::no_grad(|| param.copy_(&value));
+        logical.insert(native.clone(), value);
     }
-    let unused: Vec<String> = tensors
+    let mut unused: Vec<String> = tensors
         .keys()
         .filter(|k| !used.contains(*k))
         .cloned()
         .collect();
-    if unused.is_empty() {
-        Ok(())
-    } else {
-        let mut unused = unused;
+    if !unused.is_empty() {
         unused.sort();
-        Err(LoadError::Unused(unused))
+        return Err(LoadError::Unused(unused));
     }
+    model
+        .store
+        .load_logical(&logical)
+        .expect("every parameter was assembled with its logical shape");
+    Ok(())
 }
 
 /// Load a safetensors file in `layout` into `model`.
@@ -211,15 +214,13 @@ pub fn load_file(model: &mut Flux, path: &Path, layout: Layout) -> Result<(), Lo
     load_into(model, &read_safetensors(path)?, layout)
 }
 
-/// The model's weights under `layout`'s names (stacked tensors split back into their parts).
+/// The model's weights under `layout`'s names (stacked tensors split back into their parts),
+/// gathered to logical shapes (a collective under tensor parallelism).
 pub fn export(model: &Flux, layout: Layout) -> Vec<(String, Tensor)> {
     let config = model.config();
     let mut out = Vec::new();
-    let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    for (native, param) in vars {
+    for (native, value) in model.store.gather_logical(false) {
         let src = source(&native, layout, config).expect("every native parameter has a table row");
-        let value = param.detach();
         let parts = match src.combine {
             Combine::Same => vec![value],
             Combine::SwapHalves => vec![assemble(vec![value], Combine::SwapHalves)],

@@ -1,27 +1,29 @@
 //! `MLPEmbedder`: `Linear → SiLU → Linear`, lifting a conditioning vector to the model width.
 
+use flux_macros::diffusion_block;
 use tch::Tensor;
 
-use crate::layers::Linear;
-use crate::params::ParamPath;
+use crate::tp::Linear;
 
-/// Two-layer MLP embedder for pooled text vectors and sinusoidal features.
-#[derive(Debug)]
-pub struct MlpEmbedder<P = Tensor> {
-    /// `[D, in]`.
-    pub linear_1: Linear<P>,
-    /// `[D, D]`.
-    pub linear_2: Linear<P>,
+/// Widths of an [`MlpEmbedder`]: input features and model width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedderDims {
+    /// Input features (768 for CLIP-L pooled, 256 for timestep sinusoids).
+    pub in_dim: i64,
+    /// Model width `D`.
+    pub hidden: i64,
 }
 
-impl<P> MlpEmbedder<P> {
-    /// Create `p.linear_1` `[hidden, in_dim]` and `p.linear_2` `[hidden, hidden]`.
-    pub fn new<T: ParamPath<Param = P>>(p: &T, in_dim: i64, hidden: i64) -> Self {
-        Self {
-            linear_1: Linear::new(&p.sub("linear_1"), in_dim, hidden, true),
-            linear_2: Linear::new(&p.sub("linear_2"), hidden, hidden, true),
-        }
-    }
+/// Two-layer MLP embedder for pooled text vectors and sinusoidal features (replicated).
+#[diffusion_block(config = EmbedderDims)]
+#[derive(Debug)]
+pub struct MlpEmbedder {
+    /// `[D, in]`.
+    #[linear(in = config.in_dim, out = config.hidden)]
+    pub linear_1: Linear,
+    /// `[D, D]`.
+    #[linear(in = config.hidden, out = config.hidden)]
+    pub linear_2: Linear,
 }
 
 impl MlpEmbedder {

@@ -1,9 +1,9 @@
 //! Sinusoidal timestep features and the `TimeStepEmbedder` built on them.
 
+use flux_macros::diffusion_block;
 use tch::{Kind, Tensor};
 
-use crate::embeddings::MlpEmbedder;
-use crate::params::ParamPath;
+use crate::embeddings::{EmbedderDims, MlpEmbedder};
 
 /// Timesteps arrive in `[0, 1]` and are scaled to the 1000-step range before embedding.
 pub const TIME_FACTOR: f64 = 1000.0;
@@ -26,22 +26,17 @@ pub fn timestep_embedding(t: &Tensor, dim: i64) -> Tensor {
     }
 }
 
-/// Timestep (or guidance-strength) embedder: sinusoidal features `[B, channels]` → MLP → `[B, D]`.
+/// Timestep (or guidance-strength) embedder: sinusoids of width `in_dim` → MLP → `[B, D]`.
+/// Its parameters sit directly under its name (`linear_1`, `linear_2`).
+#[diffusion_block(config = EmbedderDims)]
 #[derive(Debug)]
-pub struct TimeStepEmbedder<P = Tensor> {
+pub struct TimeStepEmbedder {
     /// The MLP on the sinusoidal features.
-    pub mlp: MlpEmbedder<P>,
+    #[module(config = *config, name = "")]
+    pub mlp: MlpEmbedder,
+    /// Width of the sinusoidal features.
+    #[value(config.in_dim)]
     channels: i64,
-}
-
-impl<P> TimeStepEmbedder<P> {
-    /// Sinusoids of width `channels` (256 in Flux) lifted to `hidden`; parameters under `p`.
-    pub fn new<T: ParamPath<Param = P>>(p: &T, channels: i64, hidden: i64) -> Self {
-        Self {
-            mlp: MlpEmbedder::new(p, channels, hidden),
-            channels,
-        }
-    }
 }
 
 impl TimeStepEmbedder {

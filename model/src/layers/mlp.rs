@@ -1,27 +1,29 @@
-//! Transformer MLP: `Linear(D, M) → GELU(tanh) → Linear(M, D)`.
+//! Transformer MLP: `Linear(D, M) → GELU(tanh) → Linear(M, D)`, column- then row-parallel.
 
+use flux_macros::diffusion_block;
 use tch::Tensor;
 
-use crate::layers::Linear;
-use crate::params::ParamPath;
+use crate::tp::Linear;
 
-/// The feed-forward branch of a joint block.
-#[derive(Debug)]
-pub struct Mlp<P = Tensor> {
-    /// `[M, D]`.
-    pub linear_fc1: Linear<P>,
-    /// `[D, M]`.
-    pub linear_fc2: Linear<P>,
+/// Widths of an [`Mlp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlpDims {
+    /// Model width `D`.
+    pub dim: i64,
+    /// Hidden width `M`.
+    pub hidden: i64,
 }
 
-impl<P> Mlp<P> {
-    /// Create `p.linear_fc1` and `p.linear_fc2` for width `dim` and hidden width `hidden`.
-    pub fn new<T: ParamPath<Param = P>>(p: &T, dim: i64, hidden: i64) -> Self {
-        Self {
-            linear_fc1: Linear::new(&p.sub("linear_fc1"), dim, hidden, true),
-            linear_fc2: Linear::new(&p.sub("linear_fc2"), hidden, dim, true),
-        }
-    }
+/// The feed-forward branch of a transformer block.
+#[diffusion_block(config = MlpDims)]
+#[derive(Debug)]
+pub struct Mlp {
+    /// `[M, D]`, output features split over the group.
+    #[linear(in = config.dim, out = config.hidden, shard = column)]
+    pub linear_fc1: Linear,
+    /// `[D, M]`, input features split; outputs all-reduced.
+    #[linear(in = config.hidden, out = config.dim, shard = row)]
+    pub linear_fc2: Linear,
 }
 
 impl Mlp {

@@ -1,11 +1,9 @@
-//! Building-block layers shared by every block: dense, MLP, normalisation and adaptive modulation.
+//! Building blocks shared by every model: MLP, affine-free LayerNorm and adaptive modulation.
 
-mod linear;
 mod mlp;
 mod modulation;
 mod norm;
 
-pub use linear::Linear;
-pub use mlp::{dropout, Mlp};
-pub use modulation::{AdaLn, AdaLnContinuous, Modulation};
-pub use norm::{layer_norm, RmsNorm};
+pub use mlp::{dropout, Mlp, MlpDims};
+pub use modulation::{adaln, adaln_continuous, Modulation};
+pub use norm::layer_norm;

@@ -1,0 +1,121 @@
+//! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
+
+use flux_model::tp::{Collective, TpContext};
+use mpi::collective::SystemOperation;
+use mpi::environment::Universe;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::*;
+
+/// An MPI communicator as a [`Collective`].
+pub struct MpiGroup {
+    comm: SimpleCommunicator,
+}
+
+impl std::fmt::Debug for MpiGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MpiGroup(rank {} of {})",
+            self.comm.rank(),
+            self.comm.size()
+        )
+    }
+}
+
+impl Collective for MpiGroup {
+    fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+
+    fn all_reduce_sum(&self, data: &mut [f32]) {
+        let send = data.to_vec();
+        self.comm
+            .all_reduce_into(&send[..], data, SystemOperation::sum());
+    }
+
+    fn all_gather(&self, data: &[f32], out: &mut [f32]) {
+        self.comm.all_gather_into(data, out);
+    }
+}
+
+/// Why the parallel layout cannot be built. Every rank reaches the same verdict from the same
+/// numbers, before any collective, so a bad layout fails everywhere instead of hanging.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// MPI was initialised already in this process (or could not be).
+    #[error("MPI could not be initialised (already initialised in this process?)")]
+    Init,
+    /// The tensor-parallel size is not a positive divisor of the world size.
+    #[error("world size {world} is not divisible by tensor_parallel_size {tp}: world = tp × dp must hold")]
+    Indivisible {
+        /// Ranks launched.
+        world: usize,
+        /// Requested tensor-parallel size.
+        tp: usize,
+    },
+}
+
+/// This process' MPI world and its groups. Drop models built on [`ParallelWorld::tp`] before this
+/// value: dropping it finalises MPI.
+pub struct ParallelWorld {
+    /// Tensor-parallel group: ranks `d·tp ..< (d+1)·tp` for data-parallel index `d`.
+    pub tp: TpContext,
+    /// Data-parallel group: the ranks with this rank's tensor-parallel index.
+    pub dp: MpiGroup,
+    /// Every rank.
+    pub world: MpiGroup,
+    // Last: dropping the universe finalises MPI, after the communicators are freed.
+    _universe: Universe,
+}
+
+impl std::fmt::Debug for ParallelWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ParallelWorld(world {:?}, tp {:?}, dp {:?})",
+            self.world, self.tp, self.dp
+        )
+    }
+}
+
+impl ParallelWorld {
+    /// Initialise MPI and split the world into groups of `tp_size` consecutive ranks.
+    pub fn init(tp_size: usize) -> Result<Self, LayoutError> {
+        let universe = mpi::initialize().ok_or(LayoutError::Init)?;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        if tp_size == 0 || size % tp_size != 0 {
+            return Err(LayoutError::Indivisible {
+                world: size,
+                tp: tp_size,
+            });
+        }
+        let split = |color: usize| {
+            world
+                .split_by_color(Color::with_value(color as i32))
+                .expect("every rank has a color")
+        };
+        let tp = split(rank / tp_size);
+        let dp = split(rank % tp_size);
+        Ok(Self {
+            tp: TpContext::new(Box::new(MpiGroup { comm: tp })),
+            dp: MpiGroup { comm: dp },
+            world: MpiGroup { comm: world },
+            _universe: universe,
+        })
+    }
+
+    /// This rank's index in the data-parallel group.
+    pub fn dp_rank(&self) -> usize {
+        self.dp.rank()
+    }
+
+    /// Number of data-parallel replicas.
+    pub fn dp_size(&self) -> usize {
+        self.dp.size()
+    }
+}

@@ -1,0 +1,409 @@
+//! Parsing of `#[diffusion_block(...)]` and of the per-field attributes.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{bracketed, Attribute, Error, Expr, Field, Ident, LitStr, Result, Token, Type};
+
+/// The field attributes this macro owns (removed from the emitted struct).
+pub const FIELD_ATTRS: &[&str] = &["linear", "norm", "module", "layers", "value"];
+
+/// `#[diffusion_block(config = Type)]`.
+pub struct BlockArgs {
+    pub config: Type,
+}
+
+impl Parse for BlockArgs {
+    fn parse(input: ParseStream) -> Result<Self> {
+        if input.is_empty() {
+            return Err(Error::new(
+                Span::call_site(),
+                "#[diffusion_block] needs the block's config type: #[diffusion_block(config = MyConfig)]",
+            ));
+        }
+        let key: Ident = input.parse()?;
+        if key != "config" {
+            return Err(Error::new_spanned(
+                &key,
+                format!("unknown #[diffusion_block] argument `{key}`; expected `config = Type`"),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let config = input.parse()?;
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after `config = Type`"));
+        }
+        Ok(Self { config })
+    }
+}
+
+/// How a linear's weight is split over the tensor-parallel group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ShardKind {
+    Replicated,
+    Column,
+    Row,
+}
+
+/// One named slice of a fused dimension: `q = config.hidden_size`.
+pub struct Part {
+    pub name: Ident,
+    pub size: Expr,
+}
+
+impl Parse for Part {
+    fn parse(input: ParseStream) -> Result<Self> {
+        let name = input.parse()?;
+        input.parse::<Token![=]>()?;
+        Ok(Self {
+            name,
+            size: input.parse()?,
+        })
+    }
+}
+
+/// `#[linear(in = .., out = .., bias = .., shard = .., parts = [..], init = .., name = "..")]`.
+pub struct LinearAttr {
+    pub in_dim: Option<Expr>,
+    pub out_dim: Option<Expr>,
+    pub bias: Option<Expr>,
+    pub shard: ShardKind,
+    pub shard_span: Span,
+    pub parts: Option<(Span, Vec<Part>)>,
+    pub zero_init: bool,
+    pub name: Option<LitStr>,
+}
+
+/// `#[norm(dim = .., eps = .., on_shards, name = "..")]`.
+pub struct NormAttr {
+    pub dim: Expr,
+    pub eps: Option<Expr>,
+    pub on_shards: bool,
+    pub name: Option<LitStr>,
+}
+
+/// `#[module(config = .., when = .., name = "..")]`.
+pub struct ModuleAttr {
+    pub config: Option<Expr>,
+    pub when: Option<Expr>,
+    pub name: Option<LitStr>,
+}
+
+/// `#[layers(count = .., start = .., config = .., name = "..")]`.
+pub struct LayersAttr {
+    pub count: Expr,
+    pub start: Option<Expr>,
+    pub config: Option<Expr>,
+    pub name: Option<LitStr>,
+}
+
+/// What one field of the block is.
+pub enum FieldKind {
+    Linear(LinearAttr),
+    Norm(NormAttr),
+    Module(ModuleAttr),
+    Layers(LayersAttr),
+    Value(Expr),
+}
+
+/// One parsed field.
+pub struct BlockField {
+    pub ident: Ident,
+    pub ty: Type,
+    pub kind: FieldKind,
+}
+
+fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(p) => p.path.segments.last(),
+        _ => None,
+    }
+}
+
+fn type_is(ty: &Type, name: &str) -> bool {
+    last_segment(ty).is_some_and(|s| s.ident == name)
+}
+
+/// Parse `key = value` pairs with a callback per key; flags are keys without `= value`.
+fn parse_args(
+    attr: &Attribute,
+    mut on_key: impl FnMut(&Ident, ParseStream) -> Result<()>,
+) -> Result<()> {
+    attr.parse_args_with(|input: ParseStream| {
+        while !input.is_empty() {
+            let key: Ident = input.call(syn::ext::IdentExt::parse_any)?;
+            on_key(&key, input)?;
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(())
+    })
+}
+
+fn value<T: Parse>(input: ParseStream) -> Result<T> {
+    input.parse::<Token![=]>()?;
+    input.parse()
+}
+
+fn unknown(key: &Ident, attr: &str, expected: &str) -> Error {
+    if key == "parts" {
+        return Error::new_spanned(
+            key,
+            format!("`parts` only apply to #[linear] fields, not #[{attr}]"),
+        );
+    }
+    Error::new_spanned(
+        key,
+        format!("unknown #[{attr}] argument `{key}`; expected {expected}"),
+    )
+}
+
+fn parse_linear(attr: &Attribute, field: &Field) -> Result<LinearAttr> {
+    if !type_is(&field.ty, "Linear") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[linear] fields must have type `Linear`",
+        ));
+    }
+    let mut out = LinearAttr {
+        in_dim: None,
+        out_dim: None,
+        bias: None,
+        shard: ShardKind::Replicated,
+        shard_span: attr.span(),
+        parts: None,
+        zero_init: false,
+        name: None,
+    };
+    parse_args(attr, |key, input| {
+        match key.to_string().as_str() {
+            "in" => out.in_dim = Some(value(input)?),
+            "out" => out.out_dim = Some(value(input)?),
+            "bias" => out.bias = Some(value(input)?),
+            "name" => out.name = Some(value(input)?),
+            "shard" => {
+                let kind: Ident = value(input)?;
+                out.shard_span = kind.span();
+                out.shard = match kind.to_string().as_str() {
+                    "replicated" => ShardKind::Replicated,
+                    "column" => ShardKind::Column,
+                    "row" => ShardKind::Row,
+                    other => {
+                        return Err(Error::new_spanned(
+                            &kind,
+                            format!("unknown shard kind `{other}`; expected `column`, `row` or `replicated`"),
+                        ))
+                    }
+                };
+            }
+            "init" => {
+                let init: Ident = value(input)?;
+                out.zero_init = match init.to_string().as_str() {
+                    "xavier" => false,
+                    "zeros" => true,
+                    other => {
+                        return Err(Error::new_spanned(
+                            &init,
+                            format!("unknown init `{other}`; expected `xavier` or `zeros`"),
+                        ))
+                    }
+                };
+            }
+            "parts" => {
+                input.parse::<Token![=]>()?;
+                let content;
+                let brackets = bracketed!(content in input);
+                let parts = Punctuated::<Part, Token![,]>::parse_terminated(&content)?;
+                out.parts = Some((brackets.span.join(), parts.into_iter().collect()));
+            }
+            _ => {
+                return Err(unknown(
+                    key,
+                    "linear",
+                    "in, out, bias, shard, parts, init or name",
+                ))
+            }
+        }
+        Ok(())
+    })?;
+    let (split_dim, split_name) = match out.shard {
+        ShardKind::Row => (&out.in_dim, "in"),
+        _ => (&out.out_dim, "out"),
+    };
+    if let Some((span, parts)) = &out.parts {
+        if out.shard == ShardKind::Replicated {
+            return Err(Error::new(
+                *span,
+                "`parts` only apply to column- or row-parallel linears (shard = column | row)",
+            ));
+        }
+        if parts.is_empty() {
+            return Err(Error::new(
+                *span,
+                "`parts` needs at least one `name = size`",
+            ));
+        }
+        if let (Some(total), Some(sizes)) = (
+            split_dim.as_ref().and_then(literal),
+            parts
+                .iter()
+                .map(|p| literal(&p.size))
+                .collect::<Option<Vec<_>>>(),
+        ) {
+            let sum: u64 = sizes.iter().sum();
+            if sum != total {
+                return Err(Error::new(
+                    *span,
+                    format!("parts sum to {sum} but `{split_name}` is {total}; the parts must tile the split dimension exactly"),
+                ));
+            }
+        }
+    }
+    let missing = |what: &str| Error::new_spanned(attr, format!("#[linear] needs `{what} = ...`"));
+    if out.in_dim.is_none() && !(out.shard == ShardKind::Row && out.parts.is_some()) {
+        return Err(missing("in"));
+    }
+    if out.out_dim.is_none() && !(out.shard == ShardKind::Column && out.parts.is_some()) {
+        return Err(missing("out"));
+    }
+    Ok(out)
+}
+
+fn literal(e: &Expr) -> Option<u64> {
+    match e {
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        }) => i.base10_parse().ok(),
+        _ => None,
+    }
+}
+
+fn parse_norm(attr: &Attribute, field: &Field) -> Result<NormAttr> {
+    if !type_is(&field.ty, "RmsNorm") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[norm] fields must have type `RmsNorm`",
+        ));
+    }
+    let (mut dim, mut eps, mut on_shards, mut name) = (None, None, false, None);
+    parse_args(attr, |key, input| {
+        match key.to_string().as_str() {
+            "dim" => dim = Some(value(input)?),
+            "eps" => eps = Some(value(input)?),
+            "name" => name = Some(value(input)?),
+            "on_shards" => on_shards = true,
+            _ => return Err(unknown(key, "norm", "dim, eps, on_shards or name")),
+        }
+        Ok(())
+    })?;
+    let dim = dim.ok_or_else(|| Error::new_spanned(attr, "#[norm] needs `dim = ...`"))?;
+    Ok(NormAttr {
+        dim,
+        eps,
+        on_shards,
+        name,
+    })
+}
+
+fn parse_module(attr: &Attribute, field: &Field) -> Result<ModuleAttr> {
+    let mut out = ModuleAttr {
+        config: None,
+        when: None,
+        name: None,
+    };
+    if matches!(attr.meta, syn::Meta::List(_)) {
+        parse_args(attr, |key, input| {
+            match key.to_string().as_str() {
+                "config" => out.config = Some(value(input)?),
+                "when" => out.when = Some(value(input)?),
+                "name" => out.name = Some(value(input)?),
+                _ => return Err(unknown(key, "module", "config, when or name")),
+            }
+            Ok(())
+        })?;
+    }
+    if out.when.is_some() && !type_is(&field.ty, "Option") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[module(when = ...)] fields must have type `Option<Block>`",
+        ));
+    }
+    Ok(out)
+}
+
+fn parse_layers(attr: &Attribute, field: &Field) -> Result<LayersAttr> {
+    if !type_is(&field.ty, "Vec") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[layers] fields must have type `Vec<Block>`",
+        ));
+    }
+    let (mut count, mut start, mut config, mut name) = (None, None, None, None);
+    parse_args(attr, |key, input| {
+        match key.to_string().as_str() {
+            "count" => count = Some(value(input)?),
+            "start" => start = Some(value(input)?),
+            "config" => config = Some(value(input)?),
+            "name" => name = Some(value(input)?),
+            _ => return Err(unknown(key, "layers", "count, start, config or name")),
+        }
+        Ok(())
+    })?;
+    let count = count.ok_or_else(|| Error::new_spanned(attr, "#[layers] needs `count = ...`"))?;
+    Ok(LayersAttr {
+        count,
+        start,
+        config,
+        name,
+    })
+}
+
+/// Parse one field: exactly one of the macro's attributes.
+pub fn parse_field(field: &Field) -> Result<BlockField> {
+    let ident = field
+        .ident
+        .clone()
+        .ok_or_else(|| Error::new_spanned(field, "diffusion blocks need named fields"))?;
+    let ours: Vec<&Attribute> = field
+        .attrs
+        .iter()
+        .filter(|a| FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)))
+        .collect();
+    let attr =
+        match ours.as_slice() {
+            [one] => *one,
+            [] => {
+                return Err(Error::new_spanned(
+                    &ident,
+                    format!(
+                "field `{ident}` needs one of #[linear], #[norm], #[module], #[layers] or #[value]"
+            ),
+                ))
+            }
+            [_, second, ..] => return Err(Error::new_spanned(
+                second,
+                "a field takes exactly one of #[linear], #[norm], #[module], #[layers], #[value]",
+            )),
+        };
+    let name = attr
+        .path()
+        .get_ident()
+        .map(Ident::to_string)
+        .unwrap_or_default();
+    let kind = match name.as_str() {
+        "linear" => FieldKind::Linear(parse_linear(attr, field)?),
+        "norm" => FieldKind::Norm(parse_norm(attr, field)?),
+        "module" => FieldKind::Module(parse_module(attr, field)?),
+        "layers" => FieldKind::Layers(parse_layers(attr, field)?),
+        _ => FieldKind::Value(attr.parse_args()?),
+    };
+    Ok(BlockField {
+        ident,
+        ty: field.ty.clone(),
+        kind,
+    })
+}

@@ -1,0 +1,268 @@
+//! Code generation: `new`, `param_specs` and `num_params` for a `#[diffusion_block]` struct.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::{Error, Expr, GenericArgument, ItemStruct, LitStr, PathArguments, Result, Type};
+
+use crate::attrs::{
+    BlockArgs, BlockField, FieldKind, LinearAttr, NormAttr, ShardKind, FIELD_ATTRS,
+};
+
+/// The state-dict name of a field: its `name = "..."` or the field's identifier.
+fn state_name(field: &BlockField, explicit: &Option<LitStr>) -> String {
+    explicit
+        .as_ref()
+        .map(LitStr::value)
+        .unwrap_or_else(|| field.ident.to_string())
+}
+
+/// `p.sub("a").sub("b")` for the dotted name `a.b`.
+fn sub_path(name: &str) -> TokenStream {
+    let segments = name.split('.').filter(|s| !s.is_empty());
+    quote!(p #(.sub(#segments))*)
+}
+
+/// The `T` of `Option<T>` / `Vec<T>`.
+fn inner_type(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let PathArguments::AngleBracketed(args) = &path.path.segments.last()?.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
+}
+
+fn linear_decl(attr: &LinearAttr) -> TokenStream {
+    let sum_of_parts = || {
+        let sizes = attr
+            .parts
+            .iter()
+            .flat_map(|(_, parts)| parts.iter().map(|p| &p.size));
+        quote!(0 #(+ (#sizes))*)
+    };
+    let in_dim = attr
+        .in_dim
+        .as_ref()
+        .map(|e| quote!(#e))
+        .unwrap_or_else(sum_of_parts);
+    let out_dim = attr
+        .out_dim
+        .as_ref()
+        .map(|e| quote!(#e))
+        .unwrap_or_else(sum_of_parts);
+    let bias = attr
+        .bias
+        .as_ref()
+        .map(|e| quote!(#e))
+        .unwrap_or_else(|| quote!(true));
+    let shard = match attr.shard {
+        ShardKind::Replicated => quote!(::flux_model::tp::Shard::Replicated),
+        ShardKind::Column => quote!(::flux_model::tp::Shard::Column),
+        ShardKind::Row => quote!(::flux_model::tp::Shard::Row),
+    };
+    let parts = attr.parts.iter().flat_map(|(_, parts)| {
+        parts.iter().map(|p| {
+            let (name, size) = (p.name.to_string(), &p.size);
+            quote!((#name, #size))
+        })
+    });
+    let init = if attr.zero_init {
+        quote!(Zeros)
+    } else {
+        quote!(Xavier)
+    };
+    quote! {
+        ::flux_model::tp::LinearDecl {
+            in_dim: #in_dim,
+            out_dim: #out_dim,
+            bias: #bias,
+            shard: #shard,
+            parts: ::flux_model::tp::parts(&[#(#parts),*]),
+            init: ::flux_model::tp::LinearInit::#init,
+        }
+    }
+}
+
+fn norm_decl(attr: &NormAttr) -> TokenStream {
+    let dim = &attr.dim;
+    let eps = attr
+        .eps
+        .as_ref()
+        .map(|e| quote!(#e))
+        .unwrap_or_else(|| quote!(1e-6));
+    let on_shards = attr.on_shards;
+    quote!(::flux_model::tp::NormDecl { dim: #dim, eps: #eps, on_shards: #on_shards })
+}
+
+/// The initialiser of one field in `new` and its contribution to `param_specs`.
+fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
+    let ty = &field.ty;
+    let module_config = |c: &Option<Expr>| {
+        c.as_ref()
+            .map(|e| quote!(&(#e)))
+            .unwrap_or_else(|| quote!(config))
+    };
+    Ok(match &field.kind {
+        FieldKind::Linear(attr) => {
+            let name = state_name(field, &attr.name);
+            let (path, decl) = (sub_path(&name), linear_decl(attr));
+            (
+                quote!(#ty::new(&#path, &#decl, tp)),
+                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
+            )
+        }
+        FieldKind::Norm(attr) => {
+            let name = state_name(field, &attr.name);
+            let (path, decl) = (sub_path(&name), norm_decl(attr));
+            (
+                quote!(#ty::new(&#path, &#decl, tp)),
+                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name)));),
+            )
+        }
+        FieldKind::Module(attr) => {
+            let name = state_name(field, &attr.name);
+            let path = sub_path(&name);
+            let cfg = module_config(&attr.config);
+            match &attr.when {
+                None => (
+                    quote!(#ty::new(&#path, #cfg, tp)),
+                    quote!(specs.extend(#ty::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));),
+                ),
+                Some(when) => {
+                    let inner = inner_type(ty)
+                        .ok_or_else(|| Error::new_spanned(ty, "expected `Option<Block>`"))?;
+                    (
+                        quote!((#when).then(|| #inner::new(&#path, #cfg, tp))),
+                        quote! {
+                            if #when {
+                                specs.extend(#inner::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));
+                            }
+                        },
+                    )
+                }
+            }
+        }
+        FieldKind::Layers(attr) => {
+            let name = state_name(field, &attr.name);
+            let path = sub_path(&name);
+            let cfg = module_config(&attr.config);
+            let inner =
+                inner_type(ty).ok_or_else(|| Error::new_spanned(ty, "expected `Vec<Block>`"))?;
+            let count = &attr.count;
+            let start = attr
+                .start
+                .as_ref()
+                .map(|e| quote!(#e))
+                .unwrap_or_else(|| quote!(0));
+            (
+                quote! {{
+                    let layers = #path;
+                    let start = #start;
+                    (start..start + #count).map(|i| #inner::new(&layers.sub(i.to_string()), #cfg, tp)).collect()
+                }},
+                quote! {
+                    let start = #start;
+                    for i in start..start + #count {
+                        let layer = ::flux_model::tp::join_name(prefix, &format!("{}.{i}", #name));
+                        specs.extend(#inner::param_specs(&layer, #cfg, tp_size));
+                    }
+                },
+            )
+        }
+        FieldKind::Value(expr) => (quote!(#expr), quote!()),
+    })
+}
+
+/// Expand `#[diffusion_block(config = C)] struct S { .. }`.
+pub fn expand(args: BlockArgs, mut item: ItemStruct) -> Result<TokenStream> {
+    let syn::Fields::Named(named) = &mut item.fields else {
+        return Err(Error::new_spanned(
+            &item.ident,
+            "#[diffusion_block] needs a struct with named fields",
+        ));
+    };
+    let fields = named
+        .named
+        .iter()
+        .map(crate::attrs::parse_field)
+        .collect::<Result<Vec<_>>>()?;
+    check_row_has_column(&fields)?;
+    for field in named.named.iter_mut() {
+        field
+            .attrs
+            .retain(|a| !FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)));
+    }
+
+    let (ident, vis, config) = (&item.ident, &item.vis, &args.config);
+    let mut inits = Vec::new();
+    let mut specs = Vec::new();
+    for field in &fields {
+        let (init, spec) = field_code(field)?;
+        let name = &field.ident;
+        inits.push(quote!(#name: #init));
+        specs.push(spec);
+    }
+    let requires_forward = quote_spanned!(ident.span()=> let _ = Self::forward;);
+    let block = ident.to_string();
+
+    Ok(quote! {
+        #item
+
+        impl #ident {
+            #[doc = concat!("Create the parameters of a `", #block, "` below `p` for `config`: each rank")]
+            /// allocates only its shard of the tensor-parallel group `tp`, initialised as the matching
+            /// slice of the full (logical) tensor, so every group size starts from the same weights.
+            #vis fn new(p: &::tch::nn::Path<'_>, config: &#config, tp: &::flux_model::tp::TpContext) -> Self {
+                Self { #(#inits),* }
+            }
+
+            #[doc = concat!("Every parameter of a `", #block, "` below `prefix`: logical name and shape, and how")]
+            /// it is split over a tensor-parallel group of `tp_size` ranks (what checkpoints save,
+            /// gather and reshard).
+            #vis fn param_specs(prefix: &str, config: &#config, tp_size: i64) -> ::std::vec::Vec<::flux_model::tp::ParamSpec> {
+                let mut specs = ::std::vec::Vec::new();
+                #(#specs)*
+                specs
+            }
+
+            #[doc = concat!("Number of parameters of a `", #block, "` for `config`, the same for every")]
+            /// tensor-parallel size.
+            #vis fn num_params(config: &#config) -> u64 {
+                Self::param_specs("", config, 1).iter().map(::flux_model::tp::ParamSpec::numel).sum()
+            }
+
+            #[doc(hidden)]
+            #[allow(dead_code)]
+            fn __diffusion_block_requires_forward() {
+                #requires_forward
+            }
+        }
+    })
+}
+
+/// A row-parallel linear consumes a sharded input; within one block that shard must come from a
+/// column-parallel linear.
+fn check_row_has_column(fields: &[BlockField]) -> Result<()> {
+    let linears = fields.iter().filter_map(|f| match &f.kind {
+        FieldKind::Linear(l) => Some(l),
+        _ => None,
+    });
+    let (mut rows, mut has_column) = (Vec::new(), false);
+    for l in linears {
+        match l.shard {
+            ShardKind::Row => rows.push(l.shard_span),
+            ShardKind::Column => has_column = true,
+            ShardKind::Replicated => {}
+        }
+    }
+    match rows.first() {
+        Some(span) if !has_column => Err(Error::new(
+            *span,
+            "row-parallel linear has no column-parallel producer in this block: its input would not be \
+             sharded. Add the `shard = column` linear that feeds it, or make this one `replicated`",
+        )),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,35 @@
+//! The communication a tensor- or data-parallel group needs, behind a trait so that the model
+//! crate needs no MPI (`flux-cluster` implements it over MPI).
+
+/// A group of ranks that can sum and gather `f32` buffers. Every rank of the group must make the
+/// same calls in the same order (as with any collective).
+pub trait Collective {
+    /// This rank's index in the group, `0 ..< size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// Replace `data` with its elementwise sum over the group.
+    fn all_reduce_sum(&self, data: &mut [f32]);
+    /// Write every rank's `data` (equal lengths), in rank order, into `out` (`size()` times longer).
+    fn all_gather(&self, data: &[f32], out: &mut [f32]);
+}
+
+/// The group of one rank: every collective is the identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleRank;
+
+impl Collective for SingleRank {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn all_reduce_sum(&self, _data: &mut [f32]) {}
+
+    fn all_gather(&self, data: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(data);
+    }
+}

@@ -1,0 +1,59 @@
+//! Bucketed gradient all-reduce: many parameters' gradients summed with few collectives.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::tp::Collective;
+
+/// Largest bucket, in elements (100 MiB of f32).
+pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024;
+
+/// Sum the gradients of `params` over `comm` and multiply them by `scale`, packing them into
+/// flat buckets of at most [`BUCKET_ELEMENTS`] so that each bucket is one all-reduce. Parameters
+/// without a gradient are skipped. Returns the number of all-reduces issued.
+pub fn all_reduce_grads(params: &[Tensor], comm: &dyn Collective, scale: f64) -> u64 {
+    let grads: Vec<Tensor> = params
+        .iter()
+        .map(Tensor::grad)
+        .filter(Tensor::defined)
+        .collect();
+    let mut buckets = 0;
+    let mut start = 0;
+    while start < grads.len() {
+        let mut end = start;
+        let mut elements = 0;
+        while end < grads.len()
+            && (end == start || elements + grads[end].numel() <= BUCKET_ELEMENTS)
+        {
+            elements += grads[end].numel();
+            end += 1;
+        }
+        reduce_bucket(&grads[start..end], comm, scale);
+        buckets += 1;
+        start = end;
+    }
+    buckets
+}
+
+fn reduce_bucket(grads: &[Tensor], comm: &dyn Collective, scale: f64) {
+    let flat = Tensor::cat(
+        &grads
+            .iter()
+            .map(|g| g.to_kind(Kind::Float).flatten(0, -1))
+            .collect::<Vec<_>>(),
+        0,
+    );
+    let mut data = Vec::<f32>::try_from(flat.to_device(Device::Cpu)).expect("f32 buffer");
+    comm.all_reduce_sum(&mut data);
+    let summed = Tensor::from_slice(&data) * scale;
+    let mut offset = 0;
+    for g in grads {
+        let n = g.numel() as i64;
+        let piece = summed
+            .narrow(0, offset, n)
+            .view(g.size().as_slice())
+            .to_kind(g.kind())
+            .to_device(g.device());
+        tch::no_grad(|| g.shallow_clone().copy_(&piece));
+        offset += n;
+    }
+}

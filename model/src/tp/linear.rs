@@ -1,0 +1,148 @@
+//! `Linear`: `y = x Wᵀ + b`, replicated or split Megatron-style over the tensor-parallel group.
+
+use tch::nn::Path;
+use tch::Tensor;
+
+use crate::tp::{GradSync, ParamSpec, Shard, TpContext};
+
+/// How a linear's weight starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearInit {
+    /// Xavier-uniform `U(±sqrt(6 / (fan_in + fan_out)))` on the logical shape (Megatron's default).
+    Xavier,
+    /// All zeros (adaLN-Zero modulation, zero-initialised output layers).
+    Zeros,
+}
+
+/// Everything `#[linear(..)]` says about one linear.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearDecl {
+    /// Logical input features.
+    pub in_dim: i64,
+    /// Logical output features.
+    pub out_dim: i64,
+    /// Whether there is a bias.
+    pub bias: bool,
+    /// Replicated, column- or row-parallel.
+    pub shard: Shard,
+    /// Named slices of the split dimension (fused tensors); empty for a plain split.
+    pub parts: Vec<(String, i64)>,
+    /// Initial weights (biases start at zero).
+    pub init: LinearInit,
+}
+
+impl LinearDecl {
+    fn checked(&self) -> &Self {
+        let split = if self.shard == Shard::Row {
+            self.in_dim
+        } else {
+            self.out_dim
+        };
+        let sum: i64 = self.parts.iter().map(|(_, s)| s).sum();
+        assert!(
+            self.parts.is_empty() || sum == split,
+            "linear parts {:?} sum to {sum} but the split dimension has {split} features",
+            self.parts
+        );
+        self
+    }
+
+    /// Specs of `name.weight` and `name.bias` for a group of `tp_size` ranks.
+    pub fn param_specs(&self, name: &str, tp_size: i64) -> Vec<ParamSpec> {
+        self.checked();
+        let split = |shape: Vec<i64>, dim: usize, leaf: &str| ParamSpec {
+            name: format!("{name}.{leaf}"),
+            shape,
+            split_dim: Some(dim),
+            parts: self.parts.clone(),
+            tp_size,
+            grad_sync: GradSync::Complete,
+        };
+        let whole = |shape: Vec<i64>, leaf: &str| {
+            ParamSpec::replicated(format!("{name}.{leaf}"), shape, tp_size)
+        };
+        let (w, b) = (vec![self.out_dim, self.in_dim], vec![self.out_dim]);
+        let mut specs = vec![match self.shard {
+            Shard::Replicated => whole(w, "weight"),
+            Shard::Column => split(w, 0, "weight"),
+            Shard::Row => split(w, 1, "weight"),
+        }];
+        if self.bias {
+            specs.push(match self.shard {
+                Shard::Column => split(b, 0, "bias"),
+                Shard::Replicated | Shard::Row => whole(b, "bias"),
+            });
+        }
+        specs
+    }
+}
+
+/// Create `p.{leaf}` holding this rank's shard of a logical tensor made by `init`.
+pub(crate) fn shard_var(
+    p: &Path,
+    spec: &ParamSpec,
+    tp: &TpContext,
+    init: impl FnOnce(&[i64]) -> Tensor,
+) -> Tensor {
+    let leaf = spec.name.rsplit('.').next().expect("non-empty name");
+    let full = tch::no_grad(|| init(&spec.shape));
+    p.var_copy(leaf, &spec.shard_of(&full, tp.rank()))
+}
+
+/// A dense layer holding this rank's shard.
+#[derive(Debug)]
+pub struct Linear {
+    /// Local weight: `[out, in]`, `[out/tp, in]` (column) or `[out, in/tp]` (row).
+    pub weight: Tensor,
+    /// Local bias: `[out]`, or `[out/tp]` when column-parallel.
+    pub bias: Option<Tensor>,
+    shard: Shard,
+    tp: TpContext,
+}
+
+impl Linear {
+    /// Allocate this rank's shard of `decl` under `p`.
+    pub fn new(p: &Path, decl: &LinearDecl, tp: &TpContext) -> Self {
+        let device = p.device();
+        let specs = decl.param_specs("", tp.size() as i64);
+        let weight = shard_var(p, &specs[0], tp, |shape| match decl.init {
+            LinearInit::Zeros => Tensor::zeros(shape, (tch::Kind::Float, device)),
+            LinearInit::Xavier => {
+                let bound = (6.0 / (decl.in_dim + decl.out_dim) as f64).sqrt();
+                Tensor::empty(shape, (tch::Kind::Float, device)).uniform_(-bound, bound)
+            }
+        });
+        let bias = specs.get(1).map(|spec| {
+            shard_var(p, spec, tp, |s| {
+                Tensor::zeros(s, (tch::Kind::Float, device))
+            })
+        });
+        Self {
+            weight,
+            bias,
+            shard: decl.shard,
+            tp: tp.clone(),
+        }
+    }
+
+    /// `x [.., in]` → `[.., out]`; column-parallel gives this rank's `[.., out/tp]` slice, and a
+    /// row-parallel layer takes the `[.., in/tp]` slice and returns the all-reduced full output.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        match self.shard {
+            Shard::Replicated => x.linear(&self.weight, self.bias.as_ref()),
+            Shard::Column => self
+                .tp
+                .copy_to_region(x)
+                .linear(&self.weight, self.bias.as_ref()),
+            Shard::Row => {
+                let y = self
+                    .tp
+                    .reduce_from_region(&x.linear::<Tensor>(&self.weight, None));
+                match &self.bias {
+                    Some(b) => y + b,
+                    None => y,
+                }
+            }
+        }
+    }
+}

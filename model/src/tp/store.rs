@@ -1,0 +1,134 @@
+//! `ShardedStore`: a model's parameters on one rank — the `VarStore` of local shards, the logical
+//! spec of every parameter, and the tensor-parallel group — with the operations that span ranks.
+
+use std::collections::HashMap;
+
+use tch::nn::{Path, VarStore};
+use tch::{Device, Tensor};
+
+use crate::tp::{GradSync, ParamSpec, TpContext};
+
+/// A parameter that could not be set from logical tensors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogicalLoadError {
+    /// No tensor of that name was given.
+    #[error("no tensor for parameter `{0}`")]
+    Missing(String),
+    /// The tensor's shape is not the parameter's logical shape.
+    #[error("`{name}`: expected logical shape {expected:?}, got {got:?}")]
+    Shape {
+        /// Parameter name.
+        name: String,
+        /// Its logical shape.
+        expected: Vec<i64>,
+        /// The given shape.
+        got: Vec<i64>,
+    },
+}
+
+/// One rank's parameters of a model built from `#[diffusion_block]`s.
+#[derive(Debug)]
+pub struct ShardedStore {
+    /// Owner of this rank's shards, keyed by state-dict name.
+    pub vs: VarStore,
+    specs: Vec<ParamSpec>,
+    tp: TpContext,
+}
+
+impl ShardedStore {
+    /// Build a model's modules with `build` (its generated `new`) on `device` for the group `tp`,
+    /// recording `specs` (its generated `param_specs` for `tp`'s size).
+    pub fn build<M>(
+        device: Device,
+        tp: TpContext,
+        specs: Vec<ParamSpec>,
+        build: impl FnOnce(&Path, &TpContext) -> M,
+    ) -> (Self, M) {
+        let vs = VarStore::new(device);
+        let modules = build(&vs.root(), &tp);
+        (Self { vs, specs, tp }, modules)
+    }
+
+    /// The tensor-parallel group.
+    pub fn tp(&self) -> &TpContext {
+        &self.tp
+    }
+
+    /// Every parameter's logical name, shape and split, in construction order.
+    pub fn param_specs(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+
+    /// Number of parameters held on this rank: all, or only those that require gradients.
+    pub fn num_local_params(&self, trainable_only: bool) -> u64 {
+        self.vs
+            .variables()
+            .values()
+            .filter(|t| !trainable_only || t.requires_grad())
+            .map(|t| t.numel() as u64)
+            .sum()
+    }
+
+    /// Complete gradients after backward: sum the partial gradients of replicated parameters that
+    /// act on sharded heads (QK-norm scales) over the tensor-parallel group, in one bucket.
+    pub fn finish_grads(&self) {
+        let vars = self.vs.variables();
+        let partial: Vec<Tensor> = self
+            .specs
+            .iter()
+            .filter(|s| s.grad_sync == GradSync::SumOverGroup)
+            .map(|s| vars[&s.name].shallow_clone())
+            .collect();
+        self.tp.sum_grads(&partial);
+    }
+
+    /// Every parameter (or, with `grads`, its gradient) at its logical shape, gathered over the
+    /// tensor-parallel group (a collective: every rank of the group must call it).
+    pub fn gather_logical(&self, grads: bool) -> Vec<(String, Tensor)> {
+        let vars = self.vs.variables();
+        self.specs
+            .iter()
+            .map(|spec| {
+                let var = &vars[&spec.name];
+                let local = if grads { var.grad() } else { var.detach() };
+                (spec.name.clone(), self.tp.gather(spec, &local))
+            })
+            .collect()
+    }
+
+    /// Set every parameter from logical tensors; this rank keeps its shard.
+    pub fn load_logical(
+        &mut self,
+        tensors: &HashMap<String, Tensor>,
+    ) -> Result<(), LogicalLoadError> {
+        let vars = self.vs.variables();
+        for spec in &self.specs {
+            let full = tensors
+                .get(&spec.name)
+                .ok_or_else(|| LogicalLoadError::Missing(spec.name.clone()))?;
+            if full.size() != spec.shape {
+                return Err(LogicalLoadError::Shape {
+                    name: spec.name.clone(),
+                    expected: spec.shape.clone(),
+                    got: full.size(),
+                });
+            }
+            let local = spec.shard_of(full, self.tp.rank());
+            tch::no_grad(|| vars[&spec.name].shallow_clone().copy_(&local));
+        }
+        Ok(())
+    }
+}
+
+/// Check that `size` ranks can split `heads` attention heads and an MLP of width `mlp`.
+pub fn check_tp_size(heads: i64, mlp: i64, size: usize) -> Result<(), crate::ConfigError> {
+    let size = size as i64;
+    if heads % size == 0 && mlp % size == 0 {
+        Ok(())
+    } else {
+        Err(crate::ConfigError::new(
+            "tensor_parallel_size",
+            format!("{size} must divide num_attention_heads ({heads}) and the MLP width ({mlp})"),
+        ))
+    }
+}

@@ -1,0 +1,12 @@
+struct Dims {
+    width: i64,
+}
+
+#[flux_macros::diffusion_block(config = Dims)]
+struct Block {
+    #[linear(in = config.width, out = config.width)]
+    proj: flux_model::tp::Linear,
+    heads: i64,
+}
+
+fn main() {}
