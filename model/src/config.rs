@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::tp::ParamSpec;
 use crate::FluxTransformer;
+use crate::Widths;
 
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
 ///
@@ -132,19 +133,30 @@ impl FluxConfig {
         Self::default()
     }
 
+    /// The widths shared with other transformer configs.
+    pub fn widths(&self) -> Widths {
+        Widths {
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            mlp_ratio: self.mlp_ratio,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+        }
+    }
+
     /// Head width `D / H`.
     pub fn head_dim(&self) -> i64 {
-        self.hidden_size / self.num_attention_heads
+        self.widths().head_dim()
     }
 
     /// MLP hidden width `mlp_ratio · D`.
     pub fn mlp_hidden(&self) -> i64 {
-        (self.hidden_size as f64 * self.mlp_ratio).round() as i64
+        self.widths().mlp_hidden()
     }
 
     /// Features per token entering the model: `C · p²`.
     pub fn token_channels(&self) -> i64 {
-        self.in_channels * self.patch_size * self.patch_size
+        self.widths().token_channels()
     }
 
     /// Total number of transformer layers (joint then single).

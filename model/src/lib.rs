@@ -29,7 +29,9 @@ mod input;
 pub mod layers;
 pub mod patchify;
 pub mod tp;
+mod widths;
 
 pub use config::{ConfigError, FluxConfig};
 pub use flux::{Flux, FluxTransformer};
 pub use input::{FluxBatch, FluxInput, InputError};
+pub use widths::Widths;

@@ -1,6 +1,6 @@
 //! `DitConfig`: the shape of a DiT (Peebles & Xie) and its training objective.
 
-use crate::{ConfigError, FluxConfig};
+use crate::{ConfigError, FluxConfig, Widths};
 
 /// What a DiT is trained to predict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,20 +31,12 @@ impl Objective {
 pub struct DitConfig {
     /// Number of DiT blocks.
     pub depth: usize,
-    /// Model width `D`.
-    pub hidden_size: i64,
-    /// Attention heads.
-    pub num_attention_heads: i64,
-    /// Latent channels `C`.
-    pub in_channels: i64,
-    /// Patch side `p`.
-    pub patch_size: i64,
+    /// Width, heads, MLP ratio, latent channels and patch side.
+    pub widths: Widths,
     /// Width of the conditioning vector (a pooled text embedding or class embedding table row).
     pub cond_dim: i64,
     /// Width of the sinusoidal timestep features.
     pub frequency_embedding_size: i64,
-    /// MLP width as a multiple of `D`.
-    pub mlp_ratio: f64,
     /// LayerNorm epsilon.
     pub layernorm_epsilon: f64,
     /// Training target.
@@ -56,52 +48,35 @@ impl DitConfig {
     pub fn from_flux(flux: &FluxConfig, objective: Objective) -> Self {
         Self {
             depth: flux.num_layers(),
-            hidden_size: flux.hidden_size,
-            num_attention_heads: flux.num_attention_heads,
-            in_channels: flux.in_channels,
-            patch_size: flux.patch_size,
+            widths: flux.widths(),
             cond_dim: flux.vec_in_dim,
             frequency_embedding_size: flux.model_channels,
-            mlp_ratio: flux.mlp_ratio,
             layernorm_epsilon: flux.layernorm_epsilon,
             objective,
         }
     }
 
-    /// Head width.
-    pub fn head_dim(&self) -> i64 {
-        self.hidden_size / self.num_attention_heads
-    }
-
-    /// MLP hidden width.
-    pub fn mlp_hidden(&self) -> i64 {
-        (self.hidden_size as f64 * self.mlp_ratio).round() as i64
-    }
-
-    /// Features per token: `C·p²`.
-    pub fn token_channels(&self) -> i64 {
-        self.in_channels * self.patch_size * self.patch_size
-    }
-
     /// Check the shape rules; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let Widths {
+            hidden_size,
+            num_attention_heads,
+            ..
+        } = self.widths;
         let bad = |field: &str, message: String| Err(ConfigError::new(field, message));
         if self.depth == 0 {
             return bad("depth", "must be at least 1".into());
         }
-        if self.num_attention_heads <= 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if num_attention_heads <= 0 || hidden_size % num_attention_heads != 0 {
             return bad(
                 "num_attention_heads",
-                format!("must divide hidden_size {}", self.hidden_size),
+                format!("must divide hidden_size {hidden_size}"),
             );
         }
-        if self.hidden_size % 4 != 0 {
+        if hidden_size % 4 != 0 {
             return bad(
                 "hidden_size",
-                format!(
-                    "2D sin-cos positions need a multiple of 4, got {}",
-                    self.hidden_size
-                ),
+                format!("2D sin-cos positions need a multiple of 4, got {hidden_size}"),
             );
         }
         Ok(())

@@ -16,22 +16,22 @@ use crate::ConfigError;
 #[derive(Debug)]
 pub struct DitTransformer {
     /// Patch embedding `C·p²` → `D` (a `p×p`-stride convolution written as a linear on patches).
-    #[linear(in = config.token_channels(), out = config.hidden_size)]
+    #[linear(in = config.widths.token_channels(), out = config.widths.hidden_size)]
     pub x_embedder: Linear,
     /// Timestep sinusoids → `D`.
-    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.widths.hidden_size })]
     pub t_embedder: TimeStepEmbedder,
     /// Conditioning vector → `D`.
-    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.widths.hidden_size })]
     pub y_embedder: MlpEmbedder,
     /// The blocks.
     #[layers(count = config.depth, name = "blocks")]
     pub blocks: Vec<DitBlock>,
     /// Output modulation `[shift; scale]`, zero-initialised.
-    #[linear(in = config.hidden_size, out = 2 * config.hidden_size, init = zeros, name = "final_layer.adaln.linear")]
+    #[linear(in = config.widths.hidden_size, out = 2 * config.widths.hidden_size, init = zeros, name = "final_layer.adaln.linear")]
     pub final_adaln: Linear,
     /// Output projection to `C·p²`, zero-initialised.
-    #[linear(in = config.hidden_size, out = config.token_channels(), init = zeros, name = "final_layer.linear")]
+    #[linear(in = config.widths.hidden_size, out = config.widths.token_channels(), init = zeros, name = "final_layer.linear")]
     pub final_linear: Linear,
     #[value(config.clone())]
     config: DitConfig,
@@ -41,7 +41,10 @@ impl DitTransformer {
     /// `x [B, C, H, W]`, `t [B]` in `[0, 1]` (DDPM step / 1000), `y [B, cond_dim]` → the
     /// objective's prediction `[B, C, H, W]`.
     pub fn forward(&self, x: &Tensor, t: &Tensor, y: &Tensor) -> Tensor {
-        let (p, d) = (self.config.patch_size, self.config.hidden_size);
+        let (p, d) = (
+            self.config.widths.patch_size,
+            self.config.widths.hidden_size,
+        );
         let (_, _, h, w) = x.size4().expect("x must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
         let mut tokens =
@@ -77,7 +80,11 @@ impl Dit {
         tp: TpContext,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        check_tp_size(config.num_attention_heads, config.mlp_hidden(), tp.size())?;
+        check_tp_size(
+            config.widths.num_attention_heads,
+            config.widths.mlp_hidden(),
+            tp.size(),
+        )?;
         let specs = DitTransformer::param_specs("", config, tp.size() as i64);
         let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
             DitTransformer::new(root, config, tp)
