@@ -17,7 +17,7 @@ cd "$root"
 TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
 APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
-              libopenmpi-dev openmpi-bin)
+              libopenmpi-dev openmpi-bin fonts-dejavu-core)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 

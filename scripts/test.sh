@@ -8,8 +8,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 
 if [ ! -f tests/fixtures/data/flux_guidance_on/io.safetensors ]; then
-    echo "[test] making reference fixtures from diffusers"
+    echo "[test] making model fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_flux_fixtures.py
+fi
+if [ ! -f tests/fixtures/data/scheduler.json ]; then
+    echo "[test] making scheduler fixtures from diffusers"
+    .venv/bin/python tests/fixtures/make_scheduler_fixtures.py
 fi
 
 echo "[test] cargo fmt --check"

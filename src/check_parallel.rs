@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use flux_cluster::ParallelWorld;
 use flux_model::dit::{Dit, DitConfig, Objective};
-use flux_model::tp::{all_reduce_grads, Collective, CollectiveCounts, ShardedStore, TpContext};
+use flux_model::tp::{all_reduce_grads, CollectiveCounts, ShardedStore, TpContext};
 use flux_model::{Flux, FluxBatch, FluxConfig};
 use flux_train::RunConfig;
 use tch::{Device, Kind, Tensor};
@@ -177,7 +177,11 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
     let out = model.forward(&batch.narrow(start, local))?;
     loss(&out, &target.narrow(0, start, local), elements).backward();
     model.store().finish_grads();
-    all_reduce_grads(&model.store().vs.trainable_variables(), &world.dp, 1.0);
+    all_reduce_grads(
+        &model.store().vs.trainable_variables(),
+        world.dp.as_ref(),
+        1.0,
+    );
 
     let out_diff = max_abs_diff(&out, &expected_out.narrow(0, start, local));
     let (mut grad_diff, mut worst) = (0.0, String::new());

@@ -4,6 +4,8 @@ mod check_parallel;
 mod demo;
 mod info;
 mod resolution;
+mod sample_cmd;
+mod train_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +45,18 @@ enum Command {
     /// Example: mpirun -np 4 flux-hpc check-parallel configs/flux_tiny.toml \
     ///            --set parallelism.tensor_parallel_size=2
     CheckParallel(check_parallel::CheckParallelArgs),
+    /// Train with flow matching; under mpirun or srun every rank joins (tensor × data parallel).
+    ///
+    /// Writes metrics.jsonl (step, loss, held-out loss, lr, grad_norm, samples/s, tokens/s, peak
+    /// memory), loss_curve.png, config.toml and final.safetensors into [checkpoint] dir.
+    ///
+    /// Example: mpirun -np 2 flux-hpc train configs/flux_tiny.toml --set training.total_steps=50
+    Train(train_cmd::TrainArgs),
+    /// Generate latents from trained weights (Euler or Heun, FLUX.1's shifted schedule, optional
+    /// two-pass classifier-free guidance) and compare them with the data they should match.
+    ///
+    /// Example: flux-hpc sample configs/flux_tiny.toml --steps 28 --count 4
+    Sample(sample_cmd::SampleArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -79,6 +93,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Info(args) => info::run(args),
         Command::CheckParallel(args) => check_parallel::run(args),
+        Command::Train(args) => train_cmd::run(args),
+        Command::Sample(args) => sample_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,15 @@
 //! # flux-data
 //!
-//! Pre-encoded latent data for flux-hpc: turning stored VAE mean/log-variance into training
-//! latents, and decoding the bf16 bit patterns that pre-encoded datasets use.
+//! Latent data for flux-hpc: a deterministic synthetic dataset with learnable structure, the
+//! counter-keyed random source behind per-sample noise, VAE latent sampling from stored moments,
+//! and bf16 decoding.
 
 mod bf16;
+mod rng;
+mod synthetic;
 mod vae;
 
 pub use bf16::{bf16_from_bits, bits_from_le_bytes, bits_of};
+pub use rng::KeyedRng;
+pub use synthetic::{LatentSamples, SyntheticLatents, SyntheticShape};
 pub use vae::VaeNorm;

@@ -50,3 +50,63 @@ fn malformed_bf16_data_is_an_error() {
         "bf16 data has an odd byte count (3)"
     );
 }
+
+#[test]
+fn synthetic_samples_are_deterministic_per_index_and_learnable() {
+    use flux_data::{SyntheticLatents, SyntheticShape};
+    let shape = SyntheticShape {
+        channels: 4,
+        height: 3,
+        width: 5,
+        text_len: 2,
+        context_dim: 6,
+        vec_dim: 8,
+    };
+    let data = SyntheticLatents::new(7, shape);
+    let ab = data.batch(&[3, 9], tch::Device::Cpu);
+    let b = data.batch(&[9], tch::Device::Cpu);
+    assert_eq!(ab.latents.size(), [2, 4, 3, 5]);
+    assert!(
+        ab.latents.get(1).equal(&b.latents.get(0)),
+        "a sample does not depend on its batch"
+    );
+    assert!(ab.txt.get(1).equal(&b.txt.get(0)));
+    // Latents are a fixed linear function of y: scaling y scales the latent.
+    let other = SyntheticLatents::new(7, shape);
+    assert!(other
+        .batch(&[3], tch::Device::Cpu)
+        .latents
+        .equal(&ab.latents.narrow(0, 0, 1)));
+    let var = data
+        .batch(&(0..256).collect::<Vec<_>>(), tch::Device::Cpu)
+        .latents
+        .var(true)
+        .double_value(&[]);
+    assert!(
+        (0.8..1.2).contains(&var),
+        "latents have unit variance, got {var}"
+    );
+}
+
+#[test]
+fn keyed_streams_are_independent_of_order() {
+    use flux_data::KeyedRng;
+    let a: Vec<u64> = (0..3).map(|_| KeyedRng::new(1, 5, 0).next_u64()).collect();
+    assert!(a.iter().all(|&x| x == a[0]));
+    assert_ne!(
+        KeyedRng::new(1, 5, 0).next_u64(),
+        KeyedRng::new(1, 6, 0).next_u64()
+    );
+    assert_ne!(
+        KeyedRng::new(1, 5, 0).next_u64(),
+        KeyedRng::new(1, 5, 1).next_u64()
+    );
+    let mut r = KeyedRng::new(3, 0, 0);
+    let xs: Vec<f64> = (0..20_000).map(|_| r.normal()).collect();
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
+    assert!(
+        mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+        "mean {mean} var {var}"
+    );
+}

@@ -1,6 +1,8 @@
 //! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
 
-use flux_model::tp::{Collective, TpContext};
+use flux_model::tp::{Collective, SingleRank, TpContext};
+
+use crate::Placement;
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -59,25 +61,29 @@ pub enum LayoutError {
     },
 }
 
-/// This process' MPI world and its groups. Drop models built on [`ParallelWorld::tp`] before this
+/// This process' world and its groups. Drop models built on [`ParallelWorld::tp`] before this
 /// value: dropping it finalises MPI.
 pub struct ParallelWorld {
     /// Tensor-parallel group: ranks `d·tp ..< (d+1)·tp` for data-parallel index `d`.
     pub tp: TpContext,
     /// Data-parallel group: the ranks with this rank's tensor-parallel index.
-    pub dp: MpiGroup,
+    pub dp: Box<dyn Collective>,
     /// Every rank.
-    pub world: MpiGroup,
+    pub world: Box<dyn Collective>,
     // Last: dropping the universe finalises MPI, after the communicators are freed.
-    _universe: Universe,
+    _universe: Option<Universe>,
 }
 
 impl std::fmt::Debug for ParallelWorld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ParallelWorld(world {:?}, tp {:?}, dp {:?})",
-            self.world, self.tp, self.dp
+            "ParallelWorld(rank {} of {}, {:?}, dp {} of {})",
+            self.world.rank(),
+            self.world.size(),
+            self.tp,
+            self.dp.rank(),
+            self.dp.size()
         )
     }
 }
@@ -103,10 +109,36 @@ impl ParallelWorld {
         let dp = split(rank % tp_size);
         Ok(Self {
             tp: TpContext::new(Box::new(MpiGroup { comm: tp })),
-            dp: MpiGroup { comm: dp },
-            world: MpiGroup { comm: world },
-            _universe: universe,
+            dp: Box::new(MpiGroup { comm: dp }),
+            world: Box::new(MpiGroup { comm: world }),
+            _universe: Some(universe),
         })
+    }
+
+    /// One process without MPI (no launcher variables were found): every group has one rank.
+    pub fn single(tp_size: usize) -> Result<Self, LayoutError> {
+        if tp_size != 1 {
+            return Err(LayoutError::Indivisible {
+                world: 1,
+                tp: tp_size,
+            });
+        }
+        Ok(Self {
+            tp: TpContext::single(),
+            dp: Box::new(SingleRank),
+            world: Box::new(SingleRank),
+            _universe: None,
+        })
+    }
+
+    /// MPI when this process was started by a launcher (`placement.source` is not `"single"`),
+    /// else [`ParallelWorld::single`].
+    pub fn from_launch(placement: &Placement, tp_size: usize) -> Result<Self, LayoutError> {
+        if placement.source == "single" {
+            Self::single(tp_size)
+        } else {
+            Self::init(tp_size)
+        }
     }
 
     /// This rank's index in the data-parallel group.

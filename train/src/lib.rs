@@ -1,8 +1,23 @@
 //! # flux-train
 //!
-//! Run configuration for flux-hpc: the TOML file a user writes, `--set` overrides, and the checks
-//! that name the offending field before any work starts.
+//! Flow-matching training for flux-hpc: the run configuration, noise and loss utilities, timestep
+//! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
+//! data-parallel training loop.
 
+pub mod loss;
+pub mod metrics;
+pub mod noise;
+pub mod optim;
 mod run_config;
+pub mod sampling;
+pub mod scheduler;
+mod sections;
+pub mod step_data;
+pub mod timesteps;
+mod trainer;
 
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
+pub use sections::{
+    CheckpointConfig, DataConfig, LrSchedule, OptimizationConfig, Precision, TrainingConfig,
+};
+pub use trainer::{StepStats, Trainer};

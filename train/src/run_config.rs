@@ -2,7 +2,11 @@
 //!
 //! ```toml
 //! [model]          # FluxConfig: the network's shape
+//! [training]       # steps, batch sizes, resolution, timestep sampling, precision
+//! [optimization]   # AdamW, learning-rate schedule, gradient clipping
 //! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
+//! [data]           # where latents come from
+//! [checkpoint]     # the run directory
 //! ```
 //!
 //! Unknown tables or keys are errors; `--set table.key=value` overrides are applied to the TOML
@@ -11,6 +15,8 @@
 use std::path::Path;
 
 use flux_model::{ConfigError, FluxConfig};
+
+use crate::sections::{CheckpointConfig, DataConfig, OptimizationConfig, TrainingConfig};
 use serde::{Deserialize, Serialize};
 
 /// How the world of ranks is divided.
@@ -72,9 +78,21 @@ pub struct RunConfig {
     /// `[model]`.
     #[serde(default)]
     pub model: FluxConfig,
+    /// `[training]`.
+    #[serde(default)]
+    pub training: TrainingConfig,
+    /// `[optimization]`.
+    #[serde(default)]
+    pub optimization: OptimizationConfig,
     /// `[parallelism]`.
     #[serde(default)]
     pub parallelism: ParallelismConfig,
+    /// `[data]`.
+    #[serde(default)]
+    pub data: DataConfig,
+    /// `[checkpoint]`.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
 }
 
 /// Why a run config could not be used; every variant names the file and, where known, the field.

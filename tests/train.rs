@@ -1,0 +1,160 @@
+//! `flux-hpc train` end to end: real processes, real mpirun, files on disk.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flux-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_flux-hpc");
+    let mut cmd = match np {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut c = Command::new("timeout");
+            c.args([
+                "600",
+                "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &n.to_string(),
+            ])
+            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+            .arg(bin);
+            c
+        }
+    };
+    cmd.args([
+        "train",
+        "configs/flux_tiny.toml",
+        "--device",
+        "cpu",
+        "--set",
+    ])
+    .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
+    .args(extra.iter().flat_map(|e| ["--set", e]))
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .output()
+    .expect("flux-hpc runs")
+}
+
+fn records(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn two_data_parallel_ranks_reproduce_one_process() {
+    // Same global batch (8): one rank accumulates two micro-batches of 4, two ranks take one each.
+    let steps = ["training.total_steps=5", "training.log_interval=1"];
+    let (one, two) = (temp_dir("dp1"), temp_dir("dp2"));
+    ok(&train(None, &one, &steps));
+    ok(&train(Some(2), &two, &steps));
+    let (a, b) = (records(&one), records(&two));
+    assert_eq!(a.len(), 6, "step 0 evaluation and 5 steps");
+    for (ra, rb) in a.iter().zip(&b) {
+        for key in ["loss", "eval_loss", "grad_norm"] {
+            if let (Some(x), Some(y)) = (ra[key].as_f64(), rb[key].as_f64()) {
+                assert!(
+                    (x - y).abs() <= 1e-5,
+                    "step {}: {key} {x} vs {y}",
+                    ra["step"]
+                );
+            }
+        }
+    }
+    for dir in [one, two] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn training_on_two_ranks_lowers_the_held_out_loss_by_a_third() {
+    let dir = temp_dir("accept");
+    let out = train(Some(2), &dir, &[]);
+    ok(&out);
+    let rs = records(&dir);
+    let first = rs[0]["eval_loss"].as_f64().unwrap();
+    let last = rs.last().unwrap()["eval_loss"].as_f64().unwrap();
+    assert!(
+        last <= 0.7 * first,
+        "held-out loss {first} → {last}: less than a 30% drop"
+    );
+    let r = rs.last().unwrap();
+    for key in [
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+        "tokens_per_s",
+        "peak_memory_mib",
+    ] {
+        assert!(r[key].is_number(), "metrics lack {key}: {r}");
+    }
+    let png = std::fs::read(dir.join("loss_curve.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(dir.join("final.safetensors").exists());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("held-out loss"), "{stdout}");
+
+    // The trained weights sample latents closer to the data than the data's own spread.
+    let sample = Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args([
+            "sample",
+            "configs/flux_tiny.toml",
+            "--device",
+            "cpu",
+            "--steps",
+            "16",
+            "--set",
+        ])
+        .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    ok(&sample);
+    let text = String::from_utf8_lossy(&sample.stdout);
+    let line = text.lines().find(|l| l.starts_with("mse vs data")).unwrap();
+    let nums: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    assert!(nums[0] < nums[1], "{line}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_batch_that_does_not_split_over_ranks_is_refused_on_every_rank() {
+    let dir = temp_dir("split");
+    let out = train(Some(2), &dir, &["training.global_batch_size=4"]);
+    assert!(!out.status.success());
+    assert_ne!(out.status.code(), Some(124), "a rank hung");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .matches("training.global_batch_size: 4 is not a multiple of micro_batch_size 4 × 2")
+            .count()
+            == 2,
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

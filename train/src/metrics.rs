@@ -1,0 +1,131 @@
+//! Training records: JSONL metrics and the PNG loss curve.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// One metrics line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Optimizer step (1-based: the step just taken).
+    pub step: u64,
+    /// Global mean training loss of the step (absent on the step-0 evaluation record).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub loss: Option<f64>,
+    /// Held-out loss, when evaluated at this step.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub eval_loss: Option<f64>,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Samples per second (all replicas).
+    pub samples_per_s: f64,
+    /// Image and text tokens per second (all replicas).
+    pub tokens_per_s: f64,
+    /// Peak resident memory of this process, MiB.
+    pub peak_memory_mib: f64,
+    /// Seconds since training started.
+    pub elapsed_s: f64,
+}
+
+/// Appends records to `metrics.jsonl`.
+pub struct MetricsWriter {
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    /// Create (truncate) `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            out: BufWriter::new(File::create(path)?),
+        })
+    }
+
+    /// Write one record as a JSON line and flush it.
+    pub fn write(&mut self, record: &StepRecord) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, record)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM`), or 0 where unavailable.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The TrueType font the curve's labels use (Debian's fonts-dejavu-core, installed by setup).
+pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Draw training loss (and held-out loss, where present) against step into a PNG.
+pub fn plot_loss_curve(records: &[StepRecord], path: &Path) -> Result<(), String> {
+    let font =
+        std::fs::read(FONT).map_err(|e| format!("{FONT}: {e} (install fonts-dejavu-core)"))?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| "unreadable font".to_string())?;
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let last = records.last().map_or(1, |r| r.step).max(1);
+    let values = records
+        .iter()
+        .flat_map(|r| r.loss.into_iter().chain(r.eval_loss));
+    let top = values.fold(f64::MIN, f64::max).max(1e-9) * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("flux-hpc training loss", ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0u64..last, 0f64..top)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            records.iter().filter_map(|r| r.loss.map(|l| (r.step, l))),
+            &BLUE,
+        ))
+        .map_err(|e| err(&e))?
+        .label("train")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    let eval: Vec<(u64, f64)> = records
+        .iter()
+        .filter_map(|r| r.eval_loss.map(|e| (r.step, e)))
+        .collect();
+    chart
+        .draw_series(LineSeries::new(eval.iter().copied(), RED.stroke_width(2)))
+        .map_err(|e| err(&e))?
+        .label("held-out")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    chart
+        .draw_series(eval.iter().map(|&p| Circle::new(p, 4, RED.filled())))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}

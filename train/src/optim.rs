@@ -1,0 +1,177 @@
+//! AdamW with f32 master weights, the learning-rate schedule, and global-norm gradient clipping
+//! that is correct across tensor-parallel shards.
+
+use flux_model::tp::{ParamSpec, ShardedStore};
+use tch::{Kind, Tensor};
+
+use crate::sections::{LrSchedule, OptimizationConfig};
+
+/// Learning rate at `step` (0-based): linear warmup over `warmup_steps`, then constant or cosine
+/// decay from `learning_rate` to `min_learning_rate` at `total_steps`.
+pub fn learning_rate(config: &OptimizationConfig, step: u64, total_steps: u64) -> f64 {
+    let (peak, floor, warmup) = (
+        config.learning_rate,
+        config.min_learning_rate,
+        config.warmup_steps,
+    );
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    match config.lr_schedule {
+        LrSchedule::Constant => peak,
+        LrSchedule::Cosine => {
+            let span = total_steps.saturating_sub(warmup).max(1) as f64;
+            let progress = ((step - warmup) as f64 / span).min(1.0);
+            floor + 0.5 * (peak - floor) * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+struct Slot {
+    /// The parameter the model computes with (f32 or bf16).
+    param: Tensor,
+    /// f32 master copy (the same tensor as `param` in f32 training).
+    master: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    decay: bool,
+}
+
+/// AdamW (Loshchilov & Hutter) with decoupled weight decay, on f32 master weights.
+pub struct AdamW {
+    slots: Vec<Slot>,
+    config: OptimizationConfig,
+    step: i32,
+}
+
+impl AdamW {
+    /// Optimise `params` (name, tensor). Weights of two or more dimensions decay; biases and norm
+    /// scales do not, as in Megatron.
+    pub fn new(params: Vec<(String, Tensor)>, config: &OptimizationConfig) -> Self {
+        let slots = params
+            .into_iter()
+            .map(|(_, param)| {
+                let master = if param.kind() == Kind::Float {
+                    param.shallow_clone()
+                } else {
+                    param.detach().to_kind(Kind::Float)
+                };
+                Slot {
+                    exp_avg: master.zeros_like(),
+                    exp_avg_sq: master.zeros_like(),
+                    decay: param.dim() >= 2,
+                    master,
+                    param,
+                }
+            })
+            .collect();
+        Self {
+            slots,
+            config: config.clone(),
+            step: 0,
+        }
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> i32 {
+        self.step
+    }
+
+    /// Apply one update at learning rate `lr` from the parameters' gradients, then clear them.
+    pub fn step(&mut self, lr: f64) {
+        self.step += 1;
+        let c = &self.config;
+        let (bc1, bc2) = (1.0 - c.beta1.powi(self.step), 1.0 - c.beta2.powi(self.step));
+        tch::no_grad(|| {
+            for s in &mut self.slots {
+                let grad = s.param.grad();
+                if !grad.defined() {
+                    continue;
+                }
+                let g = grad.to_kind(Kind::Float);
+                if s.decay && c.weight_decay > 0.0 {
+                    let _ = s.master.g_mul_scalar_(1.0 - lr * c.weight_decay);
+                }
+                let _ = s
+                    .exp_avg
+                    .g_mul_scalar_(c.beta1)
+                    .g_add_(&(&g * (1.0 - c.beta1)));
+                let _ = s
+                    .exp_avg_sq
+                    .g_mul_scalar_(c.beta2)
+                    .g_add_(&(g.square() * (1.0 - c.beta2)));
+                let denom = (&s.exp_avg_sq / bc2).sqrt() + c.epsilon;
+                let _ = s.master.g_sub_(&(&s.exp_avg / &denom * (lr / bc1)));
+                if s.param.kind() != Kind::Float {
+                    s.param.copy_(&s.master);
+                }
+            }
+        });
+        self.zero_grad();
+    }
+
+    /// Clear every gradient.
+    pub fn zero_grad(&mut self) {
+        for s in &mut self.slots {
+            let mut g = s.param.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+}
+
+/// Global L2 norm of all gradients of `store`'s model. Split parameters contribute their shard on
+/// every rank; replicated ones (identical on every rank of the group) once; the squares are summed
+/// over the tensor-parallel group. Call after gradients are complete (TP and DP reduced).
+pub fn global_grad_norm(store: &ShardedStore) -> f64 {
+    let vars = store.vs.variables();
+    let tp = store.tp().size() as f64;
+    let mut local = 0f64;
+    for spec in store.param_specs() {
+        let g = vars[&spec.name].grad();
+        if g.defined() {
+            let weight = if spec.split_dim.is_some() {
+                1.0
+            } else {
+                1.0 / tp
+            };
+            local += weight
+                * g.to_kind(Kind::Double)
+                    .square()
+                    .sum(Kind::Double)
+                    .double_value(&[]);
+        }
+    }
+    let mut total = [local as f32];
+    store.tp().collective().all_reduce_sum(&mut total);
+    (total[0].max(0.0) as f64).sqrt()
+}
+
+/// Scale every gradient so the global norm is at most `max_norm` (0 disables); returns the norm
+/// before clipping.
+pub fn clip_grad_norm(store: &ShardedStore, max_norm: f64) -> f64 {
+    let norm = global_grad_norm(store);
+    if max_norm > 0.0 && norm > max_norm {
+        let coef = max_norm / (norm + 1e-6);
+        tch::no_grad(|| {
+            for var in store.vs.variables().values() {
+                let mut g = var.grad();
+                if g.defined() {
+                    let _ = g.g_mul_scalar_(coef);
+                }
+            }
+        });
+    }
+    norm
+}
+
+/// Specs and tensors of every trainable parameter, in spec order.
+pub fn named_params(store: &ShardedStore) -> Vec<(String, Tensor)> {
+    let vars = store.vs.variables();
+    store
+        .param_specs()
+        .iter()
+        .map(|s: &ParamSpec| (s.name.clone(), vars[&s.name].shallow_clone()))
+        .collect()
+}

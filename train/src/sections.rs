@@ -1,0 +1,271 @@
+//! The `[training]`, `[optimization]`, `[data]` and `[checkpoint]` tables of a run config.
+
+use std::path::PathBuf;
+
+use flux_model::ConfigError;
+use serde::{Deserialize, Serialize};
+
+use crate::loss::{Prediction, Reduction};
+use crate::timesteps::TimestepSampler;
+
+fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(field, message()))
+    }
+}
+
+/// Numeric precision of the forward and backward passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Everything in f32.
+    Fp32,
+    /// bf16 weights and activations; f32 master weights, gradients and optimizer state.
+    Bf16,
+}
+
+/// `[training]`: what one run does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Seed of weights, data, noise and timesteps.
+    pub seed: u64,
+    /// Optimizer steps.
+    pub total_steps: u64,
+    /// Samples per optimizer step over all data-parallel replicas.
+    pub global_batch_size: u64,
+    /// Samples per forward pass on one replica; `global / (micro × dp)` micro-batches are
+    /// accumulated per step.
+    pub micro_batch_size: u64,
+    /// Latent height in latent pixels (`[B, C, H, W]`).
+    pub latent_height: i64,
+    /// Latent width in latent pixels.
+    pub latent_width: i64,
+    /// Text tokens per sample.
+    pub text_len: i64,
+    /// How training noise levels are drawn.
+    pub timestep_sampling: TimestepSampler,
+    /// Probability of replacing a sample's text and pooled vector by empty (zero) encodings.
+    pub cfg_dropout_prob: f64,
+    /// What the model regresses.
+    pub prediction: Prediction,
+    /// How elementwise errors are reduced.
+    pub loss: Reduction,
+    /// `fp32` or `bf16` (f32 master weights).
+    pub precision: Precision,
+    /// Steps between log lines and metrics records.
+    pub log_interval: u64,
+    /// Steps between held-out evaluations (0: only at the start and the end).
+    pub eval_interval: u64,
+    /// Held-out samples (fixed noise, 8 equidistant noise levels).
+    pub eval_samples: u64,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            total_steps: 1000,
+            global_batch_size: 8,
+            micro_batch_size: 8,
+            latent_height: 16,
+            latent_width: 16,
+            text_len: 16,
+            timestep_sampling: TimestepSampler::LogitNormal {
+                mean: 0.0,
+                std: 1.0,
+            },
+            cfg_dropout_prob: 0.0,
+            prediction: Prediction::FlowMatching,
+            loss: Reduction::Mse,
+            precision: Precision::Fp32,
+            log_interval: 10,
+            eval_interval: 0,
+            eval_samples: 16,
+        }
+    }
+}
+
+impl TrainingConfig {
+    /// Check the table; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.total_steps > 0, "total_steps", || {
+            "must be at least 1".into()
+        })?;
+        check(self.micro_batch_size > 0, "micro_batch_size", || {
+            "must be at least 1".into()
+        })?;
+        check(
+            self.global_batch_size.is_multiple_of(self.micro_batch_size)
+                && self.global_batch_size > 0,
+            "global_batch_size",
+            || {
+                format!(
+                    "{} is not a positive multiple of micro_batch_size {}",
+                    self.global_batch_size, self.micro_batch_size
+                )
+            },
+        )?;
+        check(
+            self.latent_height > 0 && self.latent_width > 0,
+            "latent_height",
+            || "latent sides must be positive".into(),
+        )?;
+        check(self.text_len > 0, "text_len", || {
+            "must be at least 1".into()
+        })?;
+        check(
+            (0.0..1.0).contains(&self.cfg_dropout_prob),
+            "cfg_dropout_prob",
+            || format!("must be in [0, 1), got {}", self.cfg_dropout_prob),
+        )?;
+        check(self.log_interval > 0, "log_interval", || {
+            "must be at least 1".into()
+        })?;
+        check(self.eval_samples > 0, "eval_samples", || {
+            "must be at least 1".into()
+        })
+    }
+}
+
+/// Learning-rate schedule shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// Linear warmup, then cosine decay to `min_lr` at `total_steps`.
+    Cosine,
+    /// Linear warmup, then constant.
+    Constant,
+}
+
+/// `[optimization]`: AdamW and its schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizationConfig {
+    /// Only `"adamw"`.
+    pub optimizer: String,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Final learning rate of the cosine decay.
+    pub min_learning_rate: f64,
+    /// Decoupled weight decay (not applied to biases and norm scales).
+    pub weight_decay: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub epsilon: f64,
+    /// Largest global gradient norm (0 disables clipping).
+    pub gradient_clip: f64,
+    /// Schedule shape.
+    pub lr_schedule: LrSchedule,
+    /// Steps of linear warmup.
+    pub warmup_steps: u64,
+}
+
+impl Default for OptimizationConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: "adamw".into(),
+            learning_rate: 1e-4,
+            min_learning_rate: 0.0,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            gradient_clip: 1.0,
+            lr_schedule: LrSchedule::Cosine,
+            warmup_steps: 0,
+        }
+    }
+}
+
+impl OptimizationConfig {
+    /// Check the table; the error names the field.
+    pub fn validate(&self, training: &TrainingConfig) -> Result<(), ConfigError> {
+        check(self.optimizer == "adamw", "optimizer", || {
+            format!("only \"adamw\" is supported, got {:?}", self.optimizer)
+        })?;
+        check(self.learning_rate > 0.0, "learning_rate", || {
+            format!("must be positive, got {}", self.learning_rate)
+        })?;
+        check(
+            (0.0..=self.learning_rate).contains(&self.min_learning_rate),
+            "min_learning_rate",
+            || {
+                format!(
+                    "must be in [0, learning_rate], got {}",
+                    self.min_learning_rate
+                )
+            },
+        )?;
+        check(self.weight_decay >= 0.0, "weight_decay", || {
+            format!("must be non-negative, got {}", self.weight_decay)
+        })?;
+        for (field, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            check((0.0..1.0).contains(&b), field, || {
+                format!("must be in [0, 1), got {b}")
+            })?;
+        }
+        check(self.epsilon > 0.0, "epsilon", || {
+            format!("must be positive, got {}", self.epsilon)
+        })?;
+        check(self.gradient_clip >= 0.0, "gradient_clip", || {
+            format!("must be non-negative, got {}", self.gradient_clip)
+        })?;
+        check(
+            self.warmup_steps <= training.total_steps,
+            "warmup_steps",
+            || {
+                format!(
+                    "{} exceeds training.total_steps {}",
+                    self.warmup_steps, training.total_steps
+                )
+            },
+        )
+    }
+}
+
+/// `[data]`: where latents come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `"synthetic"`: latents that are a fixed function of the pooled conditioning.
+    pub source: String,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            source: "synthetic".into(),
+        }
+    }
+}
+
+impl DataConfig {
+    /// Check the table; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.source == "synthetic", "source", || {
+            format!("only \"synthetic\" is available, got {:?}", self.source)
+        })
+    }
+}
+
+/// `[checkpoint]`: where a run writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Run directory: metrics.jsonl, loss_curve.png, final weights.
+    pub dir: PathBuf,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("runs/default"),
+        }
+    }
+}
