@@ -101,20 +101,21 @@ impl ConfigError {
         }
     }
 
+    /// `Ok` when `ok`, else an error for `field` with the message `message` makes.
+    pub fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), Self> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Self::new(field, message()))
+        }
+    }
+
     /// The same error with `table.` prepended to the field name.
     pub fn within(self, table: &str) -> Self {
         Self {
             field: format!("{table}.{}", self.field),
             ..self
         }
-    }
-}
-
-fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ConfigError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(field, message()))
     }
 }
 
@@ -166,19 +167,19 @@ impl FluxConfig {
 
     /// Check every rule; the error names the first offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.num_joint_layers > 0, "num_joint_layers", || {
+        ConfigError::check(self.num_joint_layers > 0, "num_joint_layers", || {
             "must be at least 1".into()
         })?;
-        check(self.num_single_layers > 0, "num_single_layers", || {
+        ConfigError::check(self.num_single_layers > 0, "num_single_layers", || {
             "must be at least 1".into()
         })?;
-        check(self.hidden_size > 0, "hidden_size", || {
+        ConfigError::check(self.hidden_size > 0, "hidden_size", || {
             format!("must be positive, got {}", self.hidden_size)
         })?;
-        check(self.num_attention_heads > 0, "num_attention_heads", || {
+        ConfigError::check(self.num_attention_heads > 0, "num_attention_heads", || {
             format!("must be positive, got {}", self.num_attention_heads)
         })?;
-        check(
+        ConfigError::check(
             self.hidden_size % self.num_attention_heads == 0,
             "num_attention_heads",
             || {
@@ -194,11 +195,11 @@ impl FluxConfig {
             ("context_dim", self.context_dim),
             ("vec_in_dim", self.vec_in_dim),
         ] {
-            check(value > 0, field, || {
+            ConfigError::check(value > 0, field, || {
                 format!("must be positive, got {value}")
             })?;
         }
-        check(
+        ConfigError::check(
             self.model_channels > 0 && self.model_channels % 2 == 0,
             "model_channels",
             || {
@@ -209,44 +210,44 @@ impl FluxConfig {
             },
         )?;
         let mlp = self.hidden_size as f64 * self.mlp_ratio;
-        check(
+        ConfigError::check(
             self.mlp_ratio > 0.0 && mlp.fract() == 0.0,
             "mlp_ratio",
             || format!("mlp_ratio × hidden_size must be a positive integer, got {mlp}"),
         )?;
-        check(self.theta > 0.0, "theta", || {
+        ConfigError::check(self.theta > 0.0, "theta", || {
             format!("must be positive, got {}", self.theta)
         })?;
-        check(self.axes_dim.len() == 3, "axes_dim", || {
+        ConfigError::check(self.axes_dim.len() == 3, "axes_dim", || {
             format!(
                 "needs exactly 3 entries (index, row, column), got {}",
                 self.axes_dim.len()
             )
         })?;
-        check(
+        ConfigError::check(
             self.axes_dim.iter().all(|&d| d > 0 && d % 2 == 0),
             "axes_dim",
             || format!("entries must be positive and even, got {:?}", self.axes_dim),
         )?;
         let sum: i64 = self.axes_dim.iter().sum();
-        check(sum == self.head_dim(), "axes_dim", || {
+        ConfigError::check(sum == self.head_dim(), "axes_dim", || {
             format!(
                 "entries sum to {sum} but the head width hidden_size / num_attention_heads is {}",
                 self.head_dim()
             )
         })?;
-        check(self.layernorm_epsilon > 0.0, "layernorm_epsilon", || {
+        ConfigError::check(self.layernorm_epsilon > 0.0, "layernorm_epsilon", || {
             format!("must be positive, got {}", self.layernorm_epsilon)
         })?;
         for (field, p) in [
             ("hidden_dropout", self.hidden_dropout),
             ("attention_dropout", self.attention_dropout),
         ] {
-            check((0.0..1.0).contains(&p), field, || {
+            ConfigError::check((0.0..1.0).contains(&p), field, || {
                 format!("must be in [0, 1), got {p}")
             })?;
         }
-        check(self.guidance_scale >= 0.0, "guidance_scale", || {
+        ConfigError::check(self.guidance_scale >= 0.0, "guidance_scale", || {
             format!("must be non-negative, got {}", self.guidance_scale)
         })?;
         Ok(())

@@ -8,14 +8,6 @@ use serde::{Deserialize, Serialize};
 use crate::loss::{Prediction, Reduction};
 use crate::timesteps::TimestepSampler;
 
-fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ConfigError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(field, message()))
-    }
-}
-
 /// Numeric precision of the forward and backward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -91,13 +83,13 @@ impl Default for TrainingConfig {
 impl TrainingConfig {
     /// Check the table; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.total_steps > 0, "total_steps", || {
+        ConfigError::check(self.total_steps > 0, "total_steps", || {
             "must be at least 1".into()
         })?;
-        check(self.micro_batch_size > 0, "micro_batch_size", || {
+        ConfigError::check(self.micro_batch_size > 0, "micro_batch_size", || {
             "must be at least 1".into()
         })?;
-        check(
+        ConfigError::check(
             self.global_batch_size.is_multiple_of(self.micro_batch_size)
                 && self.global_batch_size > 0,
             "global_batch_size",
@@ -108,23 +100,23 @@ impl TrainingConfig {
                 )
             },
         )?;
-        check(
+        ConfigError::check(
             self.latent_height > 0 && self.latent_width > 0,
             "latent_height",
             || "latent sides must be positive".into(),
         )?;
-        check(self.text_len > 0, "text_len", || {
+        ConfigError::check(self.text_len > 0, "text_len", || {
             "must be at least 1".into()
         })?;
-        check(
+        ConfigError::check(
             (0.0..1.0).contains(&self.cfg_dropout_prob),
             "cfg_dropout_prob",
             || format!("must be in [0, 1), got {}", self.cfg_dropout_prob),
         )?;
-        check(self.log_interval > 0, "log_interval", || {
+        ConfigError::check(self.log_interval > 0, "log_interval", || {
             "must be at least 1".into()
         })?;
-        check(self.eval_samples > 0, "eval_samples", || {
+        ConfigError::check(self.eval_samples > 0, "eval_samples", || {
             "must be at least 1".into()
         })
     }
@@ -186,13 +178,13 @@ impl Default for OptimizationConfig {
 impl OptimizationConfig {
     /// Check the table; the error names the field.
     pub fn validate(&self, training: &TrainingConfig) -> Result<(), ConfigError> {
-        check(self.optimizer == "adamw", "optimizer", || {
+        ConfigError::check(self.optimizer == "adamw", "optimizer", || {
             format!("only \"adamw\" is supported, got {:?}", self.optimizer)
         })?;
-        check(self.learning_rate > 0.0, "learning_rate", || {
+        ConfigError::check(self.learning_rate > 0.0, "learning_rate", || {
             format!("must be positive, got {}", self.learning_rate)
         })?;
-        check(
+        ConfigError::check(
             (0.0..=self.learning_rate).contains(&self.min_learning_rate),
             "min_learning_rate",
             || {
@@ -202,21 +194,21 @@ impl OptimizationConfig {
                 )
             },
         )?;
-        check(self.weight_decay >= 0.0, "weight_decay", || {
+        ConfigError::check(self.weight_decay >= 0.0, "weight_decay", || {
             format!("must be non-negative, got {}", self.weight_decay)
         })?;
         for (field, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
-            check((0.0..1.0).contains(&b), field, || {
+            ConfigError::check((0.0..1.0).contains(&b), field, || {
                 format!("must be in [0, 1), got {b}")
             })?;
         }
-        check(self.epsilon > 0.0, "epsilon", || {
+        ConfigError::check(self.epsilon > 0.0, "epsilon", || {
             format!("must be positive, got {}", self.epsilon)
         })?;
-        check(self.gradient_clip >= 0.0, "gradient_clip", || {
+        ConfigError::check(self.gradient_clip >= 0.0, "gradient_clip", || {
             format!("must be non-negative, got {}", self.gradient_clip)
         })?;
-        check(
+        ConfigError::check(
             self.warmup_steps <= training.total_steps,
             "warmup_steps",
             || {
@@ -248,7 +240,7 @@ impl Default for DataConfig {
 impl DataConfig {
     /// Check the table; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.source == "synthetic", "source", || {
+        ConfigError::check(self.source == "synthetic", "source", || {
             format!("only \"synthetic\" is available, got {:?}", self.source)
         })
     }
