@@ -1,6 +1,7 @@
 //! `flux-hpc`: train Flux-class diffusion transformers on supercomputers.
 
 mod check_parallel;
+mod ckpt_cmd;
 mod demo;
 mod info;
 mod resolution;
@@ -57,6 +58,8 @@ enum Command {
     ///
     /// Example: flux-hpc sample configs/flux_tiny.toml --steps 28 --count 4
     Sample(sample_cmd::SampleArgs),
+    /// Inspect training checkpoints.
+    Ckpt(ckpt_cmd::CkptArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Command::CheckParallel(args) => check_parallel::run(args),
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),
+        Command::Ckpt(args) => ckpt_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,13 +1,15 @@
-//! `flux-hpc train`: flow-matching training on one process or many (under mpirun or srun).
+//! `flux-hpc train`: flow-matching training on one process or many (under mpirun or srun), with
+//! checkpoints and resume.
 
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use flux_cluster::{ParallelWorld, Placement};
+use flux_data::checkpoint::{self, CheckpointLayout};
 use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
-use flux_train::{RunConfig, Trainer};
+use flux_train::{CheckpointFormat, RunConfig, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tch::Tensor;
 
@@ -20,10 +22,14 @@ pub struct TrainArgs {
     config: ConfigArgs,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Stop after this step (with a checkpoint) instead of at total_steps; a rerun resumes. For
+    /// allocations shorter than the run.
+    #[arg(long)]
+    stop_after: Option<u64>,
 }
 
-/// Train, writing `metrics.jsonl`, `loss_curve.png`, `config.toml` and `final.safetensors` into
-/// the run directory (`[checkpoint] dir`).
+/// Train, resuming from `[checkpoint] dir`'s `latest` when there is one; writes checkpoints,
+/// `metrics.jsonl`, `loss_curve.png`, `config.toml` and `final.safetensors` into that directory.
 pub fn run(args: TrainArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let placement = Placement::from_env()?;
@@ -40,7 +46,18 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
 
     let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp.as_ref())?;
+    if run.checkpoint.resume {
+        if let Some(latest) = checkpoint::latest(dir)? {
+            let loaded = checkpoint::load(&latest)?;
+            trainer.restore(&loaded).map_err(|e| anyhow!(e))?;
+            if leader {
+                tracing::info!(step = loaded.step, "resumed from {}", latest.display());
+            }
+        }
+    }
     let t = &run.training;
+    let first_step = trainer.step();
+    let stop = args.stop_after.unwrap_or(t.total_steps).min(t.total_steps);
     if leader {
         tracing::info!(
             world = world.world.size(),
@@ -48,19 +65,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
             dp = world.dp.size(),
             ?device,
             params = run.model.num_params(),
-            "training {} steps of {} samples",
+            "training steps {}..{stop} of {}, {} samples each",
+            first_step + 1,
             t.total_steps,
             t.global_batch_size
         );
     }
-    let mut metrics = if leader {
-        Some(MetricsWriter::create(&dir.join("metrics.jsonl"))?)
+
+    let metrics_path = dir.join("metrics.jsonl");
+    let (mut metrics, mut records) = if !leader {
+        (None, Vec::new())
+    } else if first_step > 0 {
+        let (w, kept) = MetricsWriter::resume(&metrics_path, first_step)?;
+        (Some(w), kept)
     } else {
-        None
+        (Some(MetricsWriter::create(&metrics_path)?), Vec::new())
     };
-    let mut records = Vec::new();
     let start = Instant::now();
-    let first_eval = trainer.eval_loss();
     let mut record = |r: StepRecord, metrics: &mut Option<MetricsWriter>| -> Result<()> {
         if let Some(m) = metrics {
             m.write(&r)?;
@@ -68,10 +89,24 @@ pub fn run(args: TrainArgs) -> Result<()> {
         records.push(r);
         Ok(())
     };
-    record(
-        step_record(&trainer, 0, None, Some(first_eval), start, 0.0),
-        &mut metrics,
-    )?;
+    if first_step == 0 {
+        let eval = trainer.eval_loss();
+        record(
+            step_record(&trainer, 0, None, Some(eval), start, 0.0),
+            &mut metrics,
+        )?;
+    }
+
+    let layout = match run.checkpoint.format {
+        CheckpointFormat::Sharded => CheckpointLayout::Sharded,
+        CheckpointFormat::Unified => CheckpointLayout::Unified,
+    };
+    let save = |trainer: &Trainer| {
+        let specs = trainer.model().store.param_specs();
+        let state = trainer.checkpoint_state();
+        let (tp, dp, all) = (&world.tp, world.dp.rank(), world.world.as_ref());
+        checkpoint::save(dir, &state, specs, layout, tp, dp, all, run.checkpoint.keep)
+    };
 
     let bar = if leader {
         ProgressBar::new(t.total_steps)
@@ -83,18 +118,14 @@ pub fn run(args: TrainArgs) -> Result<()> {
         bar.set_style(ProgressStyle::with_template(
             "{bar:40} {pos}/{len} steps {msg} [{elapsed} < {eta}]",
         )?);
+        bar.set_position(first_step);
     }
     let tokens = trainer.tokens_per_sample() as f64;
-    let mut last_eval = first_eval;
-    for step in 1..=t.total_steps {
+    for step in first_step + 1..=stop {
         let stats = trainer.train_step();
-        let last = step == t.total_steps;
-        let eval = if last || (t.eval_interval > 0 && step % t.eval_interval == 0) {
-            last_eval = trainer.eval_loss();
-            Some(last_eval)
-        } else {
-            None
-        };
+        let last = step == stop;
+        let eval = (last || (t.eval_interval > 0 && step % t.eval_interval == 0))
+            .then(|| trainer.eval_loss());
         bar.inc(1);
         bar.set_message(format!("loss {:.4}", stats.loss));
         if last || step % t.log_interval == 0 || eval.is_some() {
@@ -111,14 +142,29 @@ pub fn run(args: TrainArgs) -> Result<()> {
             );
             record(r, &mut metrics)?;
         }
+        let interval = run.checkpoint.interval;
+        if last || (interval > 0 && step % interval == 0) {
+            let written = save(&trainer)?;
+            tracing::debug!("checkpoint {}", written.display());
+        }
     }
     bar.finish_and_clear();
 
+    if trainer.step() < t.total_steps {
+        if leader {
+            println!(
+                "stopped at step {} of {}; run the same command again to resume",
+                trainer.step(),
+                t.total_steps
+            );
+        }
+        return Ok(());
+    }
     let weights: Vec<(String, Tensor)> = trainer.model().store.gather_logical(false);
     if leader {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
         Tensor::write_safetensors(&weights, dir.join("final.safetensors"))?;
-        summarize(&records, first_eval, last_eval, start, dir);
+        summarize(&records, start, dir);
     }
     Ok(())
 }
@@ -144,15 +190,21 @@ fn step_record(
     }
 }
 
-fn summarize(records: &[StepRecord], first: f64, last: f64, start: Instant, dir: &Path) {
+fn summarize(records: &[StepRecord], start: Instant, dir: &Path) {
+    let eval: Vec<f64> = records.iter().filter_map(|r| r.eval_loss).collect();
+    let (first, last) = (
+        eval.first().copied().unwrap_or(f64::NAN),
+        eval.last().copied().unwrap_or(f64::NAN),
+    );
     let steps = records.last().map_or(0, |r| r.step);
-    let change = 100.0 * (last - first) / first;
     println!(
-        "steps             {steps} in {:.1} s",
+        "steps             {steps} ({:.1} s in this process)",
         start.elapsed().as_secs_f64()
     );
-    println!("held-out loss     {first:.4} → {last:.4} ({change:+.1}%)");
-    let eval: Vec<f64> = records.iter().filter_map(|r| r.eval_loss).collect();
+    println!(
+        "held-out loss     {first:.4} → {last:.4} ({:+.1}%)",
+        100.0 * (last - first) / first
+    );
     println!("held-out curve    {}", sparkline(&eval));
     println!("metrics           {}", dir.join("metrics.jsonl").display());
     println!("loss curve        {}", dir.join("loss_curve.png").display());

@@ -1,65 +1,10 @@
 //! `flux-hpc train` end to end: real processes, real mpirun, files on disk.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-use serde_json::Value;
+use std::process::Command;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flux-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_flux-hpc");
-    let mut cmd = match np {
-        None => Command::new(bin),
-        Some(n) => {
-            let mut c = Command::new("timeout");
-            c.args([
-                "600",
-                "mpirun",
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                &n.to_string(),
-            ])
-            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-            .arg(bin);
-            c
-        }
-    };
-    cmd.args([
-        "train",
-        "configs/flux_tiny.toml",
-        "--device",
-        "cpu",
-        "--set",
-    ])
-    .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
-    .args(extra.iter().flat_map(|e| ["--set", e]))
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .output()
-    .expect("flux-hpc runs")
-}
-
-fn records(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::{ok, records, temp_dir, train};
 
 #[test]
 fn two_data_parallel_ranks_reproduce_one_process() {

@@ -1,10 +1,12 @@
 //! # flux-data
 //!
-//! Latent data for flux-hpc: a deterministic synthetic dataset with learnable structure, the
+//! Data and checkpoints for flux-hpc: HDF5 training checkpoints (sharded or unified, atomic,
+//! reshardable), a deterministic synthetic dataset with learnable structure, the
 //! counter-keyed random source behind per-sample noise, VAE latent sampling from stored moments,
 //! and bf16 decoding.
 
 mod bf16;
+pub mod checkpoint;
 mod rng;
 mod synthetic;
 mod vae;

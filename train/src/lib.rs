@@ -18,6 +18,7 @@ mod trainer;
 
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
-    CheckpointConfig, DataConfig, LrSchedule, OptimizationConfig, Precision, TrainingConfig,
+    CheckpointConfig, CheckpointFormat, DataConfig, LrSchedule, OptimizationConfig, Precision,
+    TrainingConfig,
 };
 pub use trainer::{StepStats, Trainer};

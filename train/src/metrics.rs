@@ -45,6 +45,22 @@ impl MetricsWriter {
         })
     }
 
+    /// Reopen a resumed run's log, dropping records past `step` (steps that ran after the
+    /// checkpoint being resumed and will run again). Returns the writer and the records kept.
+    pub fn resume(path: &Path, step: u64) -> std::io::Result<(Self, Vec<StepRecord>)> {
+        let kept: Vec<StepRecord> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<StepRecord>(l).ok())
+            .filter(|r| r.step <= step)
+            .collect();
+        let mut writer = Self::create(path)?;
+        for r in &kept {
+            writer.write(r)?;
+        }
+        Ok((writer, kept))
+    }
+
     /// Write one record as a JSON line and flush it.
     pub fn write(&mut self, record: &StepRecord) -> std::io::Result<()> {
         serde_json::to_writer(&mut self.out, record)?;

@@ -77,6 +77,35 @@ impl AdamW {
         self.step
     }
 
+    /// The f32 master weights and both moments, one tensor each per parameter, and the step
+    /// counter (what a checkpoint saves).
+    pub fn state(&self) -> (u64, [Vec<Tensor>; 3]) {
+        let take =
+            |f: fn(&Slot) -> &Tensor| self.slots.iter().map(|s| f(s).shallow_clone()).collect();
+        (
+            self.step as u64,
+            [
+                take(|s| &s.master),
+                take(|s| &s.exp_avg),
+                take(|s| &s.exp_avg_sq),
+            ],
+        )
+    }
+
+    /// Restore master weights (also copied into the model's parameters), moments and step counter.
+    pub fn load_state(&mut self, step: u64, groups: [Vec<Tensor>; 3]) {
+        let [masters, avg, avg_sq] = groups;
+        tch::no_grad(|| {
+            for (((s, w), m), v) in self.slots.iter_mut().zip(masters).zip(avg).zip(avg_sq) {
+                s.master.copy_(&w);
+                s.param.copy_(&w);
+                s.exp_avg.copy_(&m);
+                s.exp_avg_sq.copy_(&v);
+            }
+        });
+        self.step = step as i32;
+    }
+
     /// Apply one update at learning rate `lr` from the parameters' gradients, then clear them.
     pub fn step(&mut self, lr: f64) {
         self.step += 1;

@@ -246,18 +246,49 @@ impl DataConfig {
     }
 }
 
-/// `[checkpoint]`: where a run writes.
+/// How checkpoint files are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFormat {
+    /// One file per tensor-parallel rank, written in parallel.
+    Sharded,
+    /// One file of logical tensors written by rank 0.
+    Unified,
+}
+
+/// `[checkpoint]`: where a run writes, and how often it saves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
-    /// Run directory: metrics.jsonl, loss_curve.png, final weights.
+    /// Run directory: `step_*/` checkpoints, `latest`, metrics.jsonl, loss_curve.png, final weights.
     pub dir: PathBuf,
+    /// Steps between checkpoints (0: only at the end of the run).
+    pub interval: u64,
+    /// Checkpoints kept (older ones are deleted after a new one is published).
+    pub keep: usize,
+    /// Continue from `latest` when the run directory has one.
+    pub resume: bool,
+    /// `sharded` or `unified`.
+    pub format: CheckpointFormat,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
         Self {
             dir: PathBuf::from("runs/default"),
+            interval: 0,
+            keep: 3,
+            resume: true,
+            format: CheckpointFormat::Sharded,
         }
+    }
+}
+
+impl CheckpointConfig {
+    /// Check the table; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check(self.keep >= 1, "keep", || {
+            "must keep at least 1 checkpoint".into()
+        })
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use flux_data::checkpoint::{LoadedCheckpoint, TrainingState};
 use flux_data::{SyntheticLatents, SyntheticShape};
 use flux_model::tp::{all_reduce_grads, Collective, TpContext};
 use flux_model::{ConfigError, Flux};
@@ -212,6 +213,56 @@ impl<'a> Trainer<'a> {
             }
             total / ids.len() as f64
         })
+    }
+
+    /// This rank's part of a checkpoint: master weights and AdamW moments (local shards).
+    pub fn checkpoint_state(&self) -> TrainingState {
+        let (optimizer_step, groups) = self.optimizer.state();
+        TrainingState {
+            step: self.step,
+            optimizer_step,
+            config: toml::to_string(&self.run).expect("configs serialise"),
+            groups,
+        }
+    }
+
+    /// Continue from a loaded checkpoint: this rank takes its shard of every logical tensor, at
+    /// whatever tensor-parallel size the checkpoint was written. Fails naming a missing tensor.
+    pub fn restore(&mut self, checkpoint: &LoadedCheckpoint) -> Result<(), String> {
+        let rank = self.model.store.tp().rank();
+        let specs = self.model.store.param_specs().to_vec();
+        let group = |name: &str| -> Result<Vec<tch::Tensor>, String> {
+            let tensors = checkpoint
+                .tensors
+                .get(name)
+                .ok_or_else(|| format!("{}: no `{name}` group", checkpoint.dir.display()))?;
+            specs
+                .iter()
+                .map(|spec| {
+                    let full = tensors.get(&spec.name).ok_or_else(|| {
+                        format!(
+                            "{}: no tensor `{name}/{}`",
+                            checkpoint.dir.display(),
+                            spec.name
+                        )
+                    })?;
+                    if full.size() != spec.shape {
+                        return Err(format!(
+                            "{}: `{name}/{}` has shape {:?}, the model needs {:?}",
+                            checkpoint.dir.display(),
+                            spec.name,
+                            full.size(),
+                            spec.shape
+                        ));
+                    }
+                    Ok(spec.shard_of(full, rank).to_device(self.device))
+                })
+                .collect()
+        };
+        let groups = [group("params")?, group("exp_avg")?, group("exp_avg_sq")?];
+        self.optimizer.load_state(checkpoint.optimizer_step, groups);
+        self.step = checkpoint.step;
+        Ok(())
     }
 
     /// Peak resident memory of this process, MiB.

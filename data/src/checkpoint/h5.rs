@@ -1,0 +1,182 @@
+//! Tensor datasets in HDF5 with the attributes that describe their shard and a CRC-32 of their
+//! bytes, so a flipped bit or a truncated file is reported, never loaded.
+
+use std::path::Path;
+
+use flux_model::tp::{GradSync, ParamSpec};
+use hdf5::types::VarLenUnicode;
+use tch::{Kind, Tensor};
+
+use crate::checkpoint::CheckpointError;
+
+fn h5err<'a>(path: &'a Path, what: &str) -> impl Fn(hdf5::Error) -> CheckpointError + 'a {
+    let what = what.to_string();
+    move |e| CheckpointError::Hdf5 {
+        path: path.display().to_string(),
+        what: what.clone(),
+        message: e.to_string(),
+    }
+}
+
+/// Write a string attribute.
+pub fn write_str(
+    loc: &hdf5::Location,
+    name: &str,
+    value: &str,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let v: VarLenUnicode = value
+        .parse()
+        .expect("any UTF-8 string is a valid HDF5 string");
+    loc.new_attr::<VarLenUnicode>()
+        .create(name)
+        .and_then(|a| a.write_scalar(&v))
+        .map_err(h5err(path, name))
+}
+
+/// Read a string attribute.
+pub fn read_str(loc: &hdf5::Location, name: &str, path: &Path) -> Result<String, CheckpointError> {
+    loc.attr(name)
+        .and_then(|a| a.read_scalar::<VarLenUnicode>())
+        .map(|s| s.to_string())
+        .map_err(h5err(path, name))
+}
+
+/// Write a scalar attribute.
+pub fn write_u64(
+    loc: &hdf5::Location,
+    name: &str,
+    value: u64,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    loc.new_attr::<u64>()
+        .create(name)
+        .and_then(|a| a.write_scalar(&value))
+        .map_err(h5err(path, name))
+}
+
+/// Read a scalar attribute.
+pub fn read_u64(loc: &hdf5::Location, name: &str, path: &Path) -> Result<u64, CheckpointError> {
+    loc.attr(name)
+        .and_then(|a| a.read_scalar::<u64>())
+        .map_err(h5err(path, name))
+}
+
+fn write_i64s(
+    loc: &hdf5::Location,
+    name: &str,
+    values: &[i64],
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    loc.new_attr::<i64>()
+        .shape([values.len()])
+        .create(name)
+        .and_then(|a| a.write_raw(values))
+        .map_err(h5err(path, name))
+}
+
+fn read_i64s(loc: &hdf5::Location, name: &str, path: &Path) -> Result<Vec<i64>, CheckpointError> {
+    loc.attr(name)
+        .and_then(|a| a.read_raw::<i64>())
+        .map_err(h5err(path, name))
+}
+
+/// Write `tensor` (this rank's shard of `spec`) as `group/name` in f32, with its logical shape,
+/// split, parts, original dtype and CRC-32.
+pub fn write_tensor(
+    group: &hdf5::Group,
+    spec: &ParamSpec,
+    tensor: &Tensor,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let data = Vec::<f32>::try_from(
+        tensor
+            .to_kind(Kind::Float)
+            .to_device(tch::Device::Cpu)
+            .flatten(0, -1),
+    )
+    .expect("f32 buffer");
+    let shape: Vec<usize> = tensor.size().iter().map(|&d| d as usize).collect();
+    let name = &spec.name;
+    let ds = group
+        .new_dataset::<f32>()
+        .shape(shape)
+        .create(name.as_str())
+        .map_err(h5err(path, name))?;
+    ds.write_raw(&data).map_err(h5err(path, name))?;
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_u64(&ds, "crc32", crc32fast::hash(&bytes) as u64, path)?;
+    write_i64s(&ds, "logical_shape", &spec.shape, path)?;
+    write_i64s(
+        &ds,
+        "split_dim",
+        &[spec.split_dim.map_or(-1, |d| d as i64)],
+        path,
+    )?;
+    write_i64s(
+        &ds,
+        "part_sizes",
+        &spec.parts.iter().map(|p| p.1).collect::<Vec<_>>(),
+        path,
+    )?;
+    write_str(
+        &ds,
+        "part_names",
+        &spec
+            .parts
+            .iter()
+            .map(|p| p.0.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        path,
+    )?;
+    write_str(&ds, "dtype", &format!("{:?}", tensor.kind()), path)
+}
+
+/// Read `group/name`: the tensor (in its saved dtype) and the spec it was a shard of (with the
+/// file's `tp_size`). Fails on a CRC mismatch, naming the file and dataset.
+pub fn read_tensor(
+    group: &hdf5::Group,
+    name: &str,
+    tp_size: i64,
+    path: &Path,
+) -> Result<(Tensor, ParamSpec), CheckpointError> {
+    let ds = group.dataset(name).map_err(h5err(path, name))?;
+    let data = ds.read_raw::<f32>().map_err(h5err(path, name))?;
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    if crc32fast::hash(&bytes) as u64 != read_u64(&ds, "crc32", path)? {
+        return Err(CheckpointError::Corrupt {
+            path: path.display().to_string(),
+            dataset: name.to_string(),
+        });
+    }
+    let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
+    let split = read_i64s(&ds, "split_dim", path)?;
+    let sizes = read_i64s(&ds, "part_sizes", path)?;
+    let names = read_str(&ds, "part_names", path)?;
+    let parts = names
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .zip(sizes)
+        .collect();
+    let kind = if read_str(&ds, "dtype", path)? == "BFloat16" {
+        Kind::BFloat16
+    } else {
+        Kind::Float
+    };
+    let spec = ParamSpec {
+        name: name.to_string(),
+        shape: read_i64s(&ds, "logical_shape", path)?,
+        split_dim: split.first().and_then(|&d| usize::try_from(d).ok()),
+        parts,
+        tp_size,
+        grad_sync: GradSync::Complete,
+    };
+    Ok((
+        Tensor::from_slice(&data)
+            .view(shape.as_slice())
+            .to_kind(kind),
+        spec,
+    ))
+}

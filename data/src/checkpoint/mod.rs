@@ -1,0 +1,452 @@
+//! Training checkpoints in HDF5: `step_000000123/` directories holding one file per
+//! tensor-parallel rank (sharded) or one file of logical tensors (unified), written through a
+//! `.partial` directory and a rename, then published by atomically replacing `latest`.
+//!
+//! Every file holds the groups `params` (f32 master weights), `exp_avg` and `exp_avg_sq` (AdamW
+//! moments), one dataset per parameter with its shard layout and CRC-32, and root attributes
+//! `format_version`, `step`, `optimizer_step`, `tp_rank`, `tp_size` and `config` (the run's TOML).
+//! Loading reassembles logical tensors from however many files there are, so a checkpoint written
+//! at one tensor-parallel size loads at any other.
+
+mod h5;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use flux_model::tp::{Collective, ParamSpec, TpContext};
+use tch::Tensor;
+
+pub use h5::{read_str, read_tensor, read_u64};
+
+/// Version written to every file; readers refuse others.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// The tensor groups a checkpoint holds, in file order.
+pub const GROUPS: [&str; 3] = ["params", "exp_avg", "exp_avg_sq"];
+
+/// Why a checkpoint could not be written or read; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A filesystem operation failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// The HDF5 library refused an operation.
+    #[error("{path}: {what}: {message}")]
+    Hdf5 {
+        /// The file.
+        path: String,
+        /// Dataset or attribute.
+        what: String,
+        /// HDF5's message.
+        message: String,
+    },
+    /// A dataset's bytes do not match its CRC-32.
+    #[error("{path}: dataset `{dataset}` is corrupt (CRC-32 mismatch)")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// The dataset.
+        dataset: String,
+    },
+    /// The checkpoint's structure is not what this version writes.
+    #[error("{path}: {message}")]
+    Format {
+        /// The file or directory.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Another rank failed its part of a collective save.
+    #[error("checkpoint {dir}: {failed} rank(s) failed to write their part; the previous checkpoint stays current")]
+    PeerFailed {
+        /// The checkpoint being written.
+        dir: String,
+        /// How many ranks failed.
+        failed: u32,
+    },
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |e| CheckpointError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// How a checkpoint is laid out on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointLayout {
+    /// One file per tensor-parallel rank, written in parallel.
+    Sharded,
+    /// One file of logical tensors, gathered and written by rank 0.
+    Unified,
+}
+
+/// What a rank contributes to a checkpoint: local shards in spec order, per group of [`GROUPS`].
+pub struct TrainingState {
+    /// Optimizer steps taken by the trainer.
+    pub step: u64,
+    /// AdamW's step counter (bias correction).
+    pub optimizer_step: u64,
+    /// The run config as TOML.
+    pub config: String,
+    /// `[params, exp_avg, exp_avg_sq]`, each one local tensor per spec.
+    pub groups: [Vec<Tensor>; 3],
+}
+
+/// A loaded checkpoint: logical tensors by group and name.
+pub struct LoadedCheckpoint {
+    /// The directory read.
+    pub dir: PathBuf,
+    /// Trainer step.
+    pub step: u64,
+    /// AdamW step counter.
+    pub optimizer_step: u64,
+    /// The run config it was written with.
+    pub config: String,
+    /// Group → parameter name → logical tensor.
+    pub tensors: HashMap<String, HashMap<String, Tensor>>,
+}
+
+/// The directory name of step `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step_{step:09}")
+}
+
+fn fsync(path: &Path) -> Result<(), CheckpointError> {
+    fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// Every rank reports `failed`; returns how many failed (a collective over `world`).
+fn agree(world: &dyn Collective, failed: bool) -> u32 {
+    let mut flag = [if failed { 1.0f32 } else { 0.0 }];
+    world.all_reduce_sum(&mut flag);
+    flag[0] as u32
+}
+
+fn write_file(
+    path: &Path,
+    state: &TrainingState,
+    specs: &[ParamSpec],
+    tp_rank: usize,
+    tp_size: usize,
+) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("h5.tmp");
+    {
+        let file = hdf5::File::create(&tmp).map_err(|e| CheckpointError::Hdf5 {
+            path: tmp.display().to_string(),
+            what: "create".into(),
+            message: e.to_string(),
+        })?;
+        h5::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
+        h5::write_u64(&file, "step", state.step, &tmp)?;
+        h5::write_u64(&file, "optimizer_step", state.optimizer_step, &tmp)?;
+        h5::write_u64(&file, "tp_rank", tp_rank as u64, &tmp)?;
+        h5::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
+        h5::write_str(&file, "config", &state.config, &tmp)?;
+        for (group, tensors) in GROUPS.iter().zip(&state.groups) {
+            let g = file
+                .create_group(group)
+                .map_err(|e| CheckpointError::Hdf5 {
+                    path: tmp.display().to_string(),
+                    what: group.to_string(),
+                    message: e.to_string(),
+                })?;
+            for (spec, t) in specs.iter().zip(tensors) {
+                h5::write_tensor(&g, spec, t, &tmp)?;
+            }
+        }
+    }
+    fsync(&tmp)?;
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Write `state` as checkpoint `step` under `run_dir` (a collective over `world`: every rank calls
+/// it). Sharded: data-parallel rank 0 of each tensor-parallel group writes `tp_XX.h5`. Unified:
+/// tensors are gathered over the group and world rank 0 writes `model.h5`. Publishes `latest` and
+/// keeps the newest `keep` checkpoints. Returns the checkpoint directory.
+#[allow(clippy::too_many_arguments)]
+pub fn save(
+    run_dir: &Path,
+    state: &TrainingState,
+    specs: &[ParamSpec],
+    layout: CheckpointLayout,
+    tp: &TpContext,
+    dp_rank: usize,
+    world: &dyn Collective,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    let name = step_dir_name(state.step);
+    let (dir, partial) = (run_dir.join(&name), run_dir.join(format!("{name}.partial")));
+    let leader = world.rank() == 0;
+    let prepared = if leader {
+        let _ = fs::remove_dir_all(&partial);
+        fs::create_dir_all(&partial).map_err(io(&partial))
+    } else {
+        Ok(())
+    };
+    let failed = agree(world, prepared.is_err());
+    prepared?;
+    if failed > 0 {
+        return Err(CheckpointError::PeerFailed {
+            dir: dir.display().to_string(),
+            failed,
+        });
+    }
+
+    let written = match layout {
+        CheckpointLayout::Sharded if dp_rank == 0 => write_file(
+            &partial.join(format!("tp_{:02}.h5", tp.rank())),
+            state,
+            specs,
+            tp.rank(),
+            tp.size(),
+        ),
+        CheckpointLayout::Sharded => Ok(()),
+        CheckpointLayout::Unified => {
+            let groups = state
+                .groups
+                .each_ref()
+                .map(|g| specs.iter().zip(g).map(|(s, t)| tp.gather(s, t)).collect());
+            let logical: Vec<ParamSpec> = specs
+                .iter()
+                .map(|s| ParamSpec {
+                    tp_size: 1,
+                    ..s.clone()
+                })
+                .collect();
+            let unified = TrainingState {
+                groups,
+                config: state.config.clone(),
+                ..*state
+            };
+            if leader {
+                write_file(&partial.join("model.h5"), &unified, &logical, 0, 1)
+            } else {
+                Ok(())
+            }
+        }
+    };
+    let failed = agree(world, written.is_err());
+    written?;
+    if failed > 0 {
+        return Err(CheckpointError::PeerFailed {
+            dir: dir.display().to_string(),
+            failed,
+        });
+    }
+
+    let published = if leader {
+        publish(run_dir, &partial, &dir, &name, keep)
+    } else {
+        Ok(())
+    };
+    let failed = agree(world, published.is_err());
+    published?;
+    if failed > 0 {
+        return Err(CheckpointError::PeerFailed {
+            dir: dir.display().to_string(),
+            failed,
+        });
+    }
+    Ok(dir)
+}
+
+fn publish(
+    run_dir: &Path,
+    partial: &Path,
+    dir: &Path,
+    name: &str,
+    keep: usize,
+) -> Result<(), CheckpointError> {
+    fsync(partial)?;
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    fs::rename(partial, dir).map_err(io(dir))?;
+    fsync(run_dir)?;
+    let (latest, tmp) = (run_dir.join("latest"), run_dir.join("latest.tmp"));
+    fs::write(&tmp, format!("{name}\n")).map_err(io(&tmp))?;
+    fsync(&tmp)?;
+    fs::rename(&tmp, &latest).map_err(io(&latest))?;
+    fsync(run_dir)?;
+    let mut steps = list(run_dir)?;
+    steps.sort();
+    for old in steps.iter().rev().skip(keep.max(1)) {
+        fs::remove_dir_all(old).map_err(io(old))?;
+    }
+    Ok(())
+}
+
+/// The published checkpoints of `run_dir` (directories named `step_*`, no `.partial`).
+pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let mut out = Vec::new();
+    if !run_dir.exists() {
+        return Ok(out);
+    }
+    for entry in fs::read_dir(run_dir).map_err(io(run_dir))? {
+        let path = entry.map_err(io(run_dir))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() && name.starts_with("step_") && !name.ends_with(".partial") {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+/// The checkpoint `latest` points to, if any.
+pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let pointer = run_dir.join("latest");
+    if !pointer.exists() {
+        return Ok(None);
+    }
+    let name = fs::read_to_string(&pointer).map_err(io(&pointer))?;
+    let dir = run_dir.join(name.trim());
+    if !dir.is_dir() {
+        return Err(CheckpointError::Format {
+            path: pointer.display().to_string(),
+            message: format!("points to {} which does not exist", dir.display()),
+        });
+    }
+    Ok(Some(dir))
+}
+
+/// The checkpoint's files, in tensor-parallel rank order, with their `tp_size`.
+fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), CheckpointError> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "h5"))
+        .collect();
+    files.sort();
+    let first = files.first().ok_or_else(|| CheckpointError::Format {
+        path: dir.display().to_string(),
+        message: "holds no .h5 files".into(),
+    })?;
+    let tp_size = open(first)?.1 as usize;
+    if files.len() != tp_size {
+        return Err(CheckpointError::Format {
+            path: dir.display().to_string(),
+            message: format!(
+                "written at tensor-parallel size {tp_size} but holds {} file(s)",
+                files.len()
+            ),
+        });
+    }
+    Ok((files, tp_size))
+}
+
+fn open(path: &Path) -> Result<(hdf5::File, u64), CheckpointError> {
+    let file = hdf5::File::open(path).map_err(|e| CheckpointError::Hdf5 {
+        path: path.display().to_string(),
+        what: "open".into(),
+        message: e.to_string(),
+    })?;
+    let version = read_u64(&file, "format_version", path)?;
+    if version != FORMAT_VERSION {
+        return Err(CheckpointError::Format {
+            path: path.display().to_string(),
+            message: format!("format version {version}, this build reads {FORMAT_VERSION}"),
+        });
+    }
+    let tp_size = read_u64(&file, "tp_size", path)?;
+    Ok((file, tp_size))
+}
+
+/// Read checkpoint `dir` and reassemble every logical tensor (checking every CRC).
+pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    let (paths, tp_size) = files(dir)?;
+    let opened = paths
+        .iter()
+        .map(|p| open(p).map(|(f, _)| f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = &opened[0];
+    let mut tensors = HashMap::new();
+    for group in GROUPS {
+        let mut by_name = HashMap::new();
+        let names = first
+            .group(group)
+            .and_then(|g| g.member_names())
+            .map_err(|e| CheckpointError::Hdf5 {
+                path: paths[0].display().to_string(),
+                what: group.to_string(),
+                message: e.to_string(),
+            })?;
+        for name in names {
+            let mut shards = Vec::with_capacity(tp_size);
+            let mut spec = None;
+            for (file, path) in opened.iter().zip(&paths) {
+                let g = file.group(group).map_err(|e| CheckpointError::Hdf5 {
+                    path: path.display().to_string(),
+                    what: group.to_string(),
+                    message: e.to_string(),
+                })?;
+                let (t, s) = read_tensor(&g, &name, tp_size as i64, path)?;
+                shards.push(t);
+                spec = Some(s);
+            }
+            let spec = spec.expect("at least one file");
+            by_name.insert(name, spec.unshard(&shards));
+        }
+        tensors.insert(group.to_string(), by_name);
+    }
+    Ok(LoadedCheckpoint {
+        dir: dir.to_path_buf(),
+        step: read_u64(first, "step", &paths[0])?,
+        optimizer_step: read_u64(first, "optimizer_step", &paths[0])?,
+        config: read_str(first, "config", &paths[0])?,
+        tensors,
+    })
+}
+
+/// One line per parameter of checkpoint `dir`: name, logical shape, dtype and shard layout.
+pub fn inspect(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+    let (paths, tp_size) = files(dir)?;
+    let (file, _) = open(&paths[0])?;
+    let step = read_u64(&file, "step", &paths[0])?;
+    let g = file.group("params").map_err(|e| CheckpointError::Hdf5 {
+        path: paths[0].display().to_string(),
+        what: "params".into(),
+        message: e.to_string(),
+    })?;
+    let mut lines = vec![format!(
+        "{}: step {step}, {} file(s), tensor-parallel size {tp_size}",
+        dir.display(),
+        paths.len()
+    )];
+    let names = g.member_names().map_err(|e| CheckpointError::Hdf5 {
+        path: paths[0].display().to_string(),
+        what: "params".into(),
+        message: e.to_string(),
+    })?;
+    for name in names {
+        let (t, spec) = read_tensor(&g, &name, tp_size as i64, &paths[0])?;
+        let split = match spec.split_dim {
+            None => "replicated".to_string(),
+            Some(d) if spec.parts.is_empty() => format!("split dim {d}"),
+            Some(d) => format!(
+                "split dim {d} in parts [{}]",
+                spec.parts
+                    .iter()
+                    .map(|(n, s)| format!("{n}={s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        lines.push(format!(
+            "  {name:<60} {:?} {:?} (local {:?}) {split}",
+            spec.shape,
+            t.kind(),
+            t.size()
+        ));
+    }
+    Ok(lines)
+}

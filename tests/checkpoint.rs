@@ -1,0 +1,110 @@
+//! Checkpoints under real mpirun: resume reproduces the uninterrupted run, checkpoints reshard
+//! between tensor-parallel sizes, and both layouts load.
+
+mod common;
+
+use std::process::Command;
+
+use common::{ok, records, temp_dir, train};
+use serde_json::Value;
+
+fn loss_by_step(records: &[Value]) -> Vec<(u64, f64)> {
+    records
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+        .collect()
+}
+
+const SIX_STEPS: [&str; 3] = [
+    "training.total_steps=6",
+    "training.log_interval=1",
+    "checkpoint.interval=3",
+];
+
+#[test]
+fn a_resumed_run_continues_with_the_uninterrupted_losses() {
+    let (whole, split) = (temp_dir("whole"), temp_dir("split"));
+    ok(&train(Some(2), &whole, &SIX_STEPS));
+    let mut first_half = SIX_STEPS.to_vec();
+    first_half.push("--stop-after 3");
+    let out = train(Some(2), &split, &first_half);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at step 3 of 6"));
+    assert_eq!(
+        std::fs::read_to_string(split.join("latest"))
+            .unwrap()
+            .trim(),
+        "step_000000003"
+    );
+    ok(&train(Some(2), &split, &SIX_STEPS));
+    let (a, b) = (
+        loss_by_step(&records(&whole)),
+        loss_by_step(&records(&split)),
+    );
+    assert_eq!(a.len(), 6);
+    assert_eq!(
+        a, b,
+        "the resumed run's losses, step by step, equal the uninterrupted run's"
+    );
+    for dir in [whole, split] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn a_tp2_checkpoint_resumes_at_tp1_and_a_unified_one_at_tp2() {
+    let (reference, resharded, unified) =
+        (temp_dir("ref"), temp_dir("reshard"), temp_dir("unified"));
+    ok(&train(None, &reference, &SIX_STEPS));
+    let tp2 = "parallelism.tensor_parallel_size=2";
+    let mut first = SIX_STEPS.to_vec();
+    first.extend([tp2, "--stop-after 3"]);
+    ok(&train(Some(2), &resharded, &first));
+    ok(&train(None, &resharded, &SIX_STEPS)); // TP 2 → TP 1
+
+    let mut first_unified = vec![
+        "training.total_steps=6",
+        "training.log_interval=1",
+        "checkpoint.interval=3",
+    ];
+    first_unified.extend(["checkpoint.format=\"unified\"", "--stop-after 3"]);
+    ok(&train(None, &unified, &first_unified));
+    let files: Vec<String> = std::fs::read_dir(unified.join("step_000000003"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files, ["model.h5"]);
+    let mut second = SIX_STEPS.to_vec();
+    second.push(tp2);
+    ok(&train(Some(2), &unified, &second)); // unified TP 1 → TP 2
+
+    let expected = loss_by_step(&records(&reference));
+    for dir in [&resharded, &unified] {
+        for ((s, x), (_, y)) in expected.iter().zip(loss_by_step(&records(dir))) {
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                "{}: step {s}: {x} vs {y}",
+                dir.display()
+            );
+        }
+    }
+    let inspect = Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args(["ckpt", "inspect"])
+        .arg(&unified)
+        .output()
+        .unwrap();
+    ok(&inspect);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        text.contains("step 6, 2 file(s), tensor-parallel size 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("transformer.layers.2.linear_qkv_fc1.weight")
+            && text.contains("split dim 0 in parts [q=64, k=64, v=64, mlp=256]"),
+        "{text}"
+    );
+    for dir in [reference, resharded, unified] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,72 @@
+//! Helpers shared by the end-to-end tests: run `flux-hpc train` as one process or under mpirun.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// A fresh directory path under the system temp dir (not created).
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flux-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `flux-hpc train configs/flux_tiny.toml` writing into `dir`, as one process (`np = None`) or
+/// under `mpirun -np N`. Each `extra` item is a `--set` override, or, when it starts with `--`,
+/// raw arguments (`"--stop-after 3"`).
+pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_flux-hpc");
+    let mut cmd = match np {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut c = Command::new("timeout");
+            c.args([
+                "600",
+                "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &n.to_string(),
+            ])
+            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+            .arg(bin);
+            c
+        }
+    };
+    cmd.args([
+        "train",
+        "configs/flux_tiny.toml",
+        "--device",
+        "cpu",
+        "--set",
+    ])
+    .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
+    .args(extra.iter().flat_map(|e| match e.strip_prefix("--") {
+        Some(_) => e.split_whitespace().collect::<Vec<_>>(),
+        None => vec!["--set", e],
+    }))
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .output()
+    .expect("flux-hpc runs")
+}
+
+/// The run's metrics records.
+pub fn records(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Assert the process succeeded, showing its output otherwise.
+pub fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
