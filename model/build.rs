@@ -1,5 +1,6 @@
-//! Build the tensor-parallel autograd nodes (csrc/tp_regions.cpp) against the libtorch torch-sys
-//! links, and embed libtorch's folder in the rpath of this crate's tests.
+//! Build the custom autograd nodes (csrc/: tensor-parallel regions, activation recomputation)
+//! against the libtorch torch-sys links, and embed libtorch's folder in the rpath of this crate's
+//! tests.
 
 use std::path::PathBuf;
 
@@ -10,14 +11,16 @@ fn main() {
     );
     let root = lib.parent().expect("libtorch lib folder has a parent");
     println!("cargo:rerun-if-changed=csrc/tp_regions.cpp");
+    println!("cargo:rerun-if-changed=csrc/recompute.cpp");
     cc::Build::new()
         .cpp(true)
         .file("csrc/tp_regions.cpp")
+        .file("csrc/recompute.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .warnings(false)
-        .compile("flux_tp_regions");
+        .compile("flux_autograd_nodes");
 }

@@ -163,3 +163,30 @@ fn bf16_training_with_f32_master_weights_learns() {
     assert!(String::from_utf8_lossy(&weights[..4096.min(weights.len())]).contains("BF16"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn recomputed_tensor_parallel_training_matches_plain_training() {
+    let (plain, recomputed) = (temp_dir("plain"), temp_dir("recompute"));
+    let steps = ["training.total_steps=3", "training.log_interval=1"];
+    ok(&train(None, &plain, &steps));
+    let mut with = steps.to_vec();
+    with.extend([
+        "training.recompute=true",
+        "parallelism.tensor_parallel_size=2",
+    ]);
+    ok(&train(Some(2), &recomputed, &with));
+    for (ra, rb) in records(&plain).iter().zip(&records(&recomputed)) {
+        for key in ["loss", "grad_norm", "eval_loss"] {
+            if let (Some(x), Some(y)) = (ra[key].as_f64(), rb[key].as_f64()) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "step {}: {key} {x} vs {y}",
+                    ra["step"]
+                );
+            }
+        }
+    }
+    for dir in [plain, recomputed] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

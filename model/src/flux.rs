@@ -1,5 +1,7 @@
 //! The Flux model: embedders, joint layers, single layers and the output layer.
 
+use std::cell::Cell;
+
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
@@ -7,6 +9,7 @@ use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::adaln_continuous;
 use crate::patchify::{patchify, unpatchify};
+use crate::recompute::recompute;
 use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
@@ -48,9 +51,27 @@ pub struct FluxTransformer {
     pe_embedder: EmbedNd,
     #[value(config.clone())]
     config: FluxConfig,
+    /// Recompute each layer's activations in the backward pass (training only).
+    #[value(Cell::new(false))]
+    recompute: Cell<bool>,
+}
+
+/// [`recompute`] with a closure.
+fn recompute_block(
+    inputs: &[&Tensor],
+    n_out: usize,
+    block: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static,
+) -> Vec<Tensor> {
+    recompute(inputs, n_out, Box::new(block))
 }
 
 impl FluxTransformer {
+    /// Recompute each layer's activations in the backward pass instead of keeping them
+    /// (training forward passes only; layers must be deterministic, i.e. no dropout).
+    pub fn set_recompute(&self, on: bool) {
+        self.recompute.set(on);
+    }
+
     /// Predicted velocity `[B, C, H, W]` for `input`; `train` enables dropout.
     pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = input.check(&self.config)?;
@@ -67,13 +88,34 @@ impl FluxTransformer {
             .pe_embedder
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
+        let recompute = train && self.recompute.get();
         for layer in &self.joint_layers {
-            (img, txt) = layer.forward(&img, &txt, &vec, &rope, train);
+            (img, txt) = if recompute {
+                let (block, rope) = (layer as *const DoubleBlock, rope.clone());
+                let out = recompute_block(&[&img, &txt, &vec], 2, move |x| {
+                    // SAFETY: the model outlives the backward pass of any graph it built.
+                    let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &rope, true);
+                    vec![img, txt]
+                });
+                let [img, txt]: [Tensor; 2] = out.try_into().expect("two outputs");
+                (img, txt)
+            } else {
+                layer.forward(&img, &txt, &vec, &rope, train)
+            };
         }
         let text_len = txt.size()[1];
         let mut x = Tensor::cat(&[txt, img], 1);
         for layer in &self.single_layers {
-            x = layer.forward(&x, &vec, &rope, train);
+            x = if recompute {
+                let (block, rope) = (layer as *const SingleBlock, rope.clone());
+                let out = recompute_block(&[&x, &vec], 1, move |x| {
+                    // SAFETY: the model outlives the backward pass of any graph it built.
+                    vec![unsafe { &*block }.forward(&x[0], &x[1], &rope, true)]
+                });
+                out.into_iter().next().expect("one output")
+            } else {
+                layer.forward(&x, &vec, &rope, train)
+            };
         }
         let img = x.narrow(1, text_len, rows * cols);
         let out = self.proj_out.forward(&adaln_continuous(

@@ -28,6 +28,7 @@ mod flux;
 mod input;
 pub mod layers;
 pub mod patchify;
+pub mod recompute;
 pub mod tp;
 mod widths;
 

@@ -172,9 +172,27 @@ impl RunConfig {
     /// Validate every section; the error's field is `table.key`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate().map_err(|e| e.within("model"))?;
+        self.training.validate().map_err(|e| e.within("training"))?;
+        let dropout = self.model.hidden_dropout > 0.0 || self.model.attention_dropout > 0.0;
+        ConfigError::check(
+            !(self.training.recompute && dropout),
+            "training.recompute",
+            || {
+                "recomputation replays layers without their dropout masks; set model.hidden_dropout and \
+             model.attention_dropout to 0 or turn recompute off"
+                .into()
+            },
+        )?;
+        self.optimization
+            .validate()
+            .map_err(|e| e.within("optimization"))?;
         self.parallelism
             .validate(&self.model)
-            .map_err(|e| e.within("parallelism"))
+            .map_err(|e| e.within("parallelism"))?;
+        self.data.validate().map_err(|e| e.within("data"))?;
+        self.checkpoint
+            .validate()
+            .map_err(|e| e.within("checkpoint"))
     }
 }
 

@@ -80,6 +80,7 @@ impl<'a> Trainer<'a> {
         if t.precision == Precision::Bf16 {
             model.store.vs.bfloat16();
         }
+        model.transformer.set_recompute(t.recompute);
         let optimizer = AdamW::new(named_params(&model.store), &run.optimization);
         let shape = SyntheticShape {
             channels: run.model.in_channels,
@@ -145,6 +146,7 @@ impl<'a> Trainer<'a> {
     /// across tensor and data parallelism, clipped, applied.
     pub fn train_step(&mut self) -> StepStats {
         let start = Instant::now();
+        flux_model::recompute::clear_pending();
         let t = self.run.training.clone();
         let (rank, replicas) = (self.dp.rank() as u64, self.dp.size() as u64);
         let micro_steps = t.global_batch_size / (t.micro_batch_size * replicas);

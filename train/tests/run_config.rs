@@ -137,3 +137,52 @@ fn parse_errors_show_the_line() {
     let err = parse_err("[model]\nhidden_size = 64\nhiden_size = 64\n", &[]);
     assert!(err.contains("line 3"), "{err}");
 }
+
+#[test]
+fn training_sections_are_validated_with_their_field_names() {
+    let err = parse_err(
+        "[training]\nglobal_batch_size = 6\nmicro_batch_size = 4\n",
+        &[],
+    );
+    assert!(
+        err.contains(
+            "training.global_batch_size: 6 is not a positive multiple of micro_batch_size 4"
+        ),
+        "{err}"
+    );
+    let err = parse_err("[optimization]\nbeta2 = 1.5\n", &[]);
+    assert!(
+        err.contains("optimization.beta2: must be in [0, 1), got 1.5"),
+        "{err}"
+    );
+    let err = parse_err("[optimization]\noptimizer = \"sgd\"\n", &[]);
+    assert!(
+        err.contains("optimization.optimizer: only \"adamw\" is supported"),
+        "{err}"
+    );
+    let err = parse_err("[data]\nsource = \"hdf5\"\n", &[]);
+    assert!(
+        err.contains("data.source: only \"synthetic\" is available"),
+        "{err}"
+    );
+    let err = parse_err("[checkpoint]\nkeep = 0\n", &[]);
+    assert!(
+        err.contains("checkpoint.keep: must keep at least 1 checkpoint"),
+        "{err}"
+    );
+    let err = parse_err(
+        "[model]\nhidden_dropout = 0.1\n[training]\nrecompute = true\n",
+        &[],
+    );
+    assert!(
+        err.contains(
+            "training.recompute: recomputation replays layers without their dropout masks"
+        ),
+        "{err}"
+    );
+    let err = parse_err(
+        "[training]\ntimestep_sampling = { strategy = \"cosine\" }\n",
+        &[],
+    );
+    assert!(err.contains("unknown variant `cosine`"), "{err}");
+}

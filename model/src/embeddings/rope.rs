@@ -38,6 +38,17 @@ pub struct Rope {
     interleaved: bool,
 }
 
+impl Clone for Rope {
+    /// Shares the tables (no copy).
+    fn clone(&self) -> Self {
+        Self {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+            interleaved: self.interleaved,
+        }
+    }
+}
+
 impl Rope {
     /// Rotate `x [B, H, L, Dh]`. Interleaved: each pair `(x₂ᵢ, x₂ᵢ₊₁)` turns by angle `θᵢ`; otherwise
     /// the pairs are `(xᵢ, xᵢ₊Dh/2)`. Computed in f32, returned in `x`'s dtype.
