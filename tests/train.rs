@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{ok, records, temp_dir, train};
+use common::{assert_same_records, ok, records, temp_dir, train};
 
 #[test]
 fn two_data_parallel_ranks_reproduce_one_process() {
@@ -117,16 +117,9 @@ fn tensor_parallel_training_matches_one_process_including_the_clipped_norm() {
         "parallelism.tensor_parallel_size=2",
     ];
     ok(&train(Some(2), &two, &tp));
-    for (ra, rb) in records(&one).iter().zip(&records(&two)) {
-        for key in ["loss", "grad_norm", "eval_loss"] {
-            if let (Some(x), Some(y)) = (ra[key].as_f64(), rb[key].as_f64()) {
-                assert!(
-                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
-                    "step {}: {key} {x} vs {y}",
-                    ra["step"]
-                );
-            }
-        }
+    let (a, b) = (records(&one), records(&two));
+    assert_same_records(&a, &b, &["loss", "grad_norm", "eval_loss"], 1e-4);
+    for ra in &a {
         if ra["step"].as_u64() > Some(0) {
             assert!(
                 ra["grad_norm"].as_f64().unwrap() > 1.0,
@@ -175,17 +168,8 @@ fn recomputed_tensor_parallel_training_matches_plain_training() {
         "parallelism.tensor_parallel_size=2",
     ]);
     ok(&train(Some(2), &recomputed, &with));
-    for (ra, rb) in records(&plain).iter().zip(&records(&recomputed)) {
-        for key in ["loss", "grad_norm", "eval_loss"] {
-            if let (Some(x), Some(y)) = (ra[key].as_f64(), rb[key].as_f64()) {
-                assert!(
-                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
-                    "step {}: {key} {x} vs {y}",
-                    ra["step"]
-                );
-            }
-        }
-    }
+    let keys = ["loss", "grad_norm", "eval_loss"];
+    assert_same_records(&records(&plain), &records(&recomputed), &keys, 1e-4);
     for dir in [plain, recomputed] {
         std::fs::remove_dir_all(dir).unwrap();
     }

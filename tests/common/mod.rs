@@ -70,3 +70,24 @@ pub fn ok(out: &Output) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Assert that two runs logged the same `keys` at every step, within `rel` (relative to the
+/// value, absolute below 1).
+pub fn assert_same_records(a: &[Value], b: &[Value], keys: &[&str], rel: f64) {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "the runs logged different numbers of records"
+    );
+    for (ra, rb) in a.iter().zip(b) {
+        for key in keys {
+            if let (Some(x), Some(y)) = (ra[key].as_f64(), rb[key].as_f64()) {
+                assert!(
+                    (x - y).abs() <= rel * x.abs().max(1.0),
+                    "step {}: {key} {x} vs {y}",
+                    ra["step"]
+                );
+            }
+        }
+    }
+}

@@ -125,11 +125,23 @@ fn fsync(path: &Path) -> Result<(), CheckpointError> {
         .map_err(io(path))
 }
 
-/// Every rank reports `failed`; returns how many failed (a collective over `world`).
-fn agree(world: &dyn Collective, failed: bool) -> u32 {
-    let mut flag = [if failed { 1.0f32 } else { 0.0 }];
+/// Every rank reports its part's `result` (a collective over `world`): this rank's own error, or
+/// `PeerFailed` when another rank failed, so all ranks stop together and none hangs.
+fn settle(
+    world: &dyn Collective,
+    result: Result<(), CheckpointError>,
+    dir: &Path,
+) -> Result<(), CheckpointError> {
+    let mut flag = [if result.is_err() { 1.0f32 } else { 0.0 }];
     world.all_reduce_sum(&mut flag);
-    flag[0] as u32
+    result?;
+    match flag[0] as u32 {
+        0 => Ok(()),
+        failed => Err(CheckpointError::PeerFailed {
+            dir: dir.display().to_string(),
+            failed,
+        }),
+    }
 }
 
 fn write_file(
@@ -193,14 +205,7 @@ pub fn save(
     } else {
         Ok(())
     };
-    let failed = agree(world, prepared.is_err());
-    prepared?;
-    if failed > 0 {
-        return Err(CheckpointError::PeerFailed {
-            dir: dir.display().to_string(),
-            failed,
-        });
-    }
+    settle(world, prepared, &dir)?;
 
     let written = match layout {
         CheckpointLayout::Sharded if dp_rank == 0 => write_file(
@@ -235,28 +240,14 @@ pub fn save(
             }
         }
     };
-    let failed = agree(world, written.is_err());
-    written?;
-    if failed > 0 {
-        return Err(CheckpointError::PeerFailed {
-            dir: dir.display().to_string(),
-            failed,
-        });
-    }
+    settle(world, written, &dir)?;
 
     let published = if leader {
         publish(run_dir, &partial, &dir, &name, keep)
     } else {
         Ok(())
     };
-    let failed = agree(world, published.is_err());
-    published?;
-    if failed > 0 {
-        return Err(CheckpointError::PeerFailed {
-            dir: dir.display().to_string(),
-            failed,
-        });
-    }
+    settle(world, published, &dir)?;
     Ok(dir)
 }
 
