@@ -60,6 +60,36 @@ fn a_tp2_checkpoint_resumes_at_tp1_and_a_unified_one_at_tp2() {
     let mut first = SIX_STEPS.to_vec();
     first.extend([tp2, "--stop-after 3"]);
     ok(&train(Some(2), &resharded, &first));
+    // A TP 2 checkpoint with a shard missing is refused, naming what is missing.
+    let broken = temp_dir("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    for file in ["tp_00.h5", "tp_01.h5"] {
+        std::fs::copy(
+            resharded.join("step_000000003").join(file),
+            broken.join(file),
+        )
+        .unwrap();
+    }
+    let full = Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args(["ckpt", "inspect"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    ok(&full);
+    assert!(String::from_utf8_lossy(&full.stdout).contains("2 file(s), tensor-parallel size 2"));
+    std::fs::remove_file(broken.join("tp_01.h5")).unwrap();
+    let missing = Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args(["ckpt", "inspect"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("written at tensor-parallel size 2 but holds 1 file(s)"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(broken).unwrap();
     ok(&train(None, &resharded, &SIX_STEPS)); // TP 2 → TP 1
 
     let mut first_unified = vec![

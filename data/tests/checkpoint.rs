@@ -13,7 +13,7 @@ fn temp(name: &str) -> PathBuf {
     dir
 }
 
-/// A fused column-parallel weight at TP 2 and a replicated bias.
+/// A fused column-parallel weight and its bias.
 fn specs(tp: i64) -> Vec<ParamSpec> {
     LinearDecl {
         in_dim: 3,
@@ -76,74 +76,6 @@ fn a_single_rank_checkpoint_round_trips_and_publishes_latest() {
         "{lines:?}"
     );
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-#[test]
-fn shards_written_at_tp2_reassemble_to_the_logical_tensor() {
-    // Write the two TP-rank files of one checkpoint by hand (each rank's shard), then load.
-    let dir = temp("reshard");
-    let specs = specs(2);
-    let full = Tensor::arange(24, (Kind::Float, Device::Cpu)).view([8, 3]);
-    let bias = Tensor::arange(8, (Kind::Float, Device::Cpu));
-    let step_dir = dir.join(checkpoint::step_dir_name(1));
-    for rank in 0..2 {
-        let tp = TpContext::new(Box::new(FakeRank(rank)));
-        let local = vec![
-            specs[0].shard_of(&full, rank),
-            specs[1].shard_of(&bias, rank),
-        ];
-        let scratch = temp(&format!("scratch{rank}"));
-        checkpoint::save(
-            &scratch,
-            &state(1, local),
-            &specs,
-            CheckpointLayout::Sharded,
-            &tp,
-            0,
-            &SingleRank,
-            1,
-        )
-        .unwrap();
-        std::fs::create_dir_all(&step_dir).unwrap();
-        let file = format!("tp_{rank:02}.h5");
-        std::fs::copy(
-            scratch.join("step_000000001").join(&file),
-            step_dir.join(&file),
-        )
-        .unwrap();
-        std::fs::remove_dir_all(scratch).unwrap();
-    }
-    let loaded = checkpoint::load(&step_dir).unwrap();
-    assert!(loaded.tensors["params"]["layer.weight"].equal(&full));
-    assert!(loaded.tensors["params"]["layer.bias"].equal(&bias));
-    // A missing shard is reported, not papered over.
-    std::fs::remove_file(step_dir.join("tp_01.h5")).unwrap();
-    let err = checkpoint::load(&step_dir).err().unwrap();
-    assert!(
-        err.to_string()
-            .contains("written at tensor-parallel size 2 but holds 1 file(s)"),
-        "{err}"
-    );
-    std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// Rank `r` of a group of two whose collectives are never called by `save` at layout Sharded
-/// with a single-rank world.
-struct FakeRank(usize);
-
-impl flux_model::tp::Collective for FakeRank {
-    fn rank(&self) -> usize {
-        self.0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn all_reduce_sum(&self, _: &mut [f32]) {
-        unreachable!("sharded saves do not communicate within the TP group")
-    }
-    fn all_gather(&self, _: &[f32], _: &mut [f32]) {
-        unreachable!("sharded saves do not communicate within the TP group")
-    }
 }
 
 #[test]
