@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use flux_data::{KeyedRng, SyntheticLatents, SyntheticShape};
+use flux_data::KeyedRng;
 use flux_model::convert::read_safetensors;
 use flux_model::embeddings::{text_position_ids, token_grid_ids};
 use flux_model::{Flux, FluxInput};
 use flux_train::sampling::guided_velocity;
 use flux_train::scheduler::{integrate, FlowMatchEulerDiscreteScheduler};
-use flux_train::RunConfig;
+use flux_train::{synthetic_data, RunConfig, EVAL_BASE};
 use tch::{Kind, Tensor};
 
 use crate::{ConfigArgs, DeviceArgs};
@@ -65,16 +65,8 @@ pub fn run(args: SampleArgs) -> Result<()> {
         .load_logical(&tensors)
         .with_context(|| format!("{} does not fit this config", weights.display()))?;
 
-    let shape = SyntheticShape {
-        channels: config.in_channels,
-        height: t.latent_height,
-        width: t.latent_width,
-        text_len: t.text_len,
-        context_dim: config.context_dim,
-        vec_dim: config.vec_in_dim,
-    };
-    let data = SyntheticLatents::new(t.seed, shape);
-    let ids: Vec<u64> = (0..args.count).map(|i| (1 << 62) + i).collect();
+    let data = synthetic_data(&run);
+    let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + args.count).collect();
     let cond = data.batch(&ids, device);
     let b = args.count as i64;
     let size = cond.latents.size();

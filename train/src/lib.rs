@@ -21,4 +21,4 @@ pub use sections::{
     CheckpointConfig, CheckpointFormat, DataConfig, LrSchedule, OptimizationConfig, Precision,
     TrainingConfig,
 };
-pub use trainer::{StepStats, Trainer};
+pub use trainer::{synthetic_data, StepStats, Trainer, EVAL_BASE};

@@ -18,7 +18,21 @@ use crate::step_data::{step_data, NoiseLevels, StepData};
 use crate::RunConfig;
 
 /// Held-out samples are indexed from here, away from any training index.
-const EVAL_BASE: u64 = 1 << 62;
+pub const EVAL_BASE: u64 = 1 << 62;
+
+/// The synthetic dataset a run trains on: its `[training]` seed and latent and text sizes.
+pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
+    let t = &run.training;
+    let shape = SyntheticShape {
+        channels: run.model.in_channels,
+        height: t.latent_height,
+        width: t.latent_width,
+        text_len: t.text_len,
+        context_dim: run.model.context_dim,
+        vec_dim: run.model.vec_in_dim,
+    };
+    SyntheticLatents::new(t.seed, shape)
+}
 
 /// What one optimizer step measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,19 +96,11 @@ impl<'a> Trainer<'a> {
         }
         model.transformer.set_recompute(t.recompute);
         let optimizer = AdamW::new(named_params(&model.store), &run.optimization);
-        let shape = SyntheticShape {
-            channels: run.model.in_channels,
-            height: t.latent_height,
-            width: t.latent_width,
-            text_len: t.text_len,
-            context_dim: run.model.context_dim,
-            vec_dim: run.model.vec_in_dim,
-        };
         Ok(Self {
             run: run.clone(),
             model,
             optimizer,
-            data: SyntheticLatents::new(t.seed, shape),
+            data: synthetic_data(run),
             scheduler: FlowMatchEulerDiscreteScheduler::new(1000, 1.0, None),
             dp,
             device,

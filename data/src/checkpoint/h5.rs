@@ -9,7 +9,11 @@ use tch::{Kind, Tensor};
 
 use crate::checkpoint::CheckpointError;
 
-fn h5err<'a>(path: &'a Path, what: &str) -> impl Fn(hdf5::Error) -> CheckpointError + 'a {
+/// Map an HDF5 error on `what` in the file `path`.
+pub(super) fn h5err<'a>(
+    path: &'a Path,
+    what: &str,
+) -> impl Fn(hdf5::Error) -> CheckpointError + 'a {
     let what = what.to_string();
     move |e| CheckpointError::Hdf5 {
         path: path.display().to_string(),

@@ -153,11 +153,7 @@ fn write_file(
 ) -> Result<(), CheckpointError> {
     let tmp = path.with_extension("h5.tmp");
     {
-        let file = hdf5::File::create(&tmp).map_err(|e| CheckpointError::Hdf5 {
-            path: tmp.display().to_string(),
-            what: "create".into(),
-            message: e.to_string(),
-        })?;
+        let file = hdf5::File::create(&tmp).map_err(h5::h5err(&tmp, "create"))?;
         h5::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
         h5::write_u64(&file, "step", state.step, &tmp)?;
         h5::write_u64(&file, "optimizer_step", state.optimizer_step, &tmp)?;
@@ -165,13 +161,7 @@ fn write_file(
         h5::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
         h5::write_str(&file, "config", &state.config, &tmp)?;
         for (group, tensors) in GROUPS.iter().zip(&state.groups) {
-            let g = file
-                .create_group(group)
-                .map_err(|e| CheckpointError::Hdf5 {
-                    path: tmp.display().to_string(),
-                    what: group.to_string(),
-                    message: e.to_string(),
-                })?;
+            let g = file.create_group(group).map_err(h5::h5err(&tmp, group))?;
             for (spec, t) in specs.iter().zip(tensors) {
                 h5::write_tensor(&g, spec, t, &tmp)?;
             }
@@ -336,11 +326,7 @@ fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), CheckpointError> {
 }
 
 fn open(path: &Path) -> Result<(hdf5::File, u64), CheckpointError> {
-    let file = hdf5::File::open(path).map_err(|e| CheckpointError::Hdf5 {
-        path: path.display().to_string(),
-        what: "open".into(),
-        message: e.to_string(),
-    })?;
+    let file = hdf5::File::open(path).map_err(h5::h5err(path, "open"))?;
     let version = read_u64(&file, "format_version", path)?;
     if version != FORMAT_VERSION {
         return Err(CheckpointError::Format {
@@ -366,20 +352,12 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
         let names = first
             .group(group)
             .and_then(|g| g.member_names())
-            .map_err(|e| CheckpointError::Hdf5 {
-                path: paths[0].display().to_string(),
-                what: group.to_string(),
-                message: e.to_string(),
-            })?;
+            .map_err(h5::h5err(&paths[0], group))?;
         for name in names {
             let mut shards = Vec::with_capacity(tp_size);
             let mut spec = None;
             for (file, path) in opened.iter().zip(&paths) {
-                let g = file.group(group).map_err(|e| CheckpointError::Hdf5 {
-                    path: path.display().to_string(),
-                    what: group.to_string(),
-                    message: e.to_string(),
-                })?;
+                let g = file.group(group).map_err(h5::h5err(path, group))?;
                 let (t, s) = read_tensor(&g, &name, tp_size as i64, path)?;
                 shards.push(t);
                 spec = Some(s);
@@ -403,21 +381,15 @@ pub fn inspect(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     let (paths, tp_size) = files(dir)?;
     let (file, _) = open(&paths[0])?;
     let step = read_u64(&file, "step", &paths[0])?;
-    let g = file.group("params").map_err(|e| CheckpointError::Hdf5 {
-        path: paths[0].display().to_string(),
-        what: "params".into(),
-        message: e.to_string(),
-    })?;
+    let g = file
+        .group("params")
+        .map_err(h5::h5err(&paths[0], "params"))?;
     let mut lines = vec![format!(
         "{}: step {step}, {} file(s), tensor-parallel size {tp_size}",
         dir.display(),
         paths.len()
     )];
-    let names = g.member_names().map_err(|e| CheckpointError::Hdf5 {
-        path: paths[0].display().to_string(),
-        what: "params".into(),
-        message: e.to_string(),
-    })?;
+    let names = g.member_names().map_err(h5::h5err(&paths[0], "params"))?;
     for name in names {
         let (t, spec) = read_tensor(&g, &name, tp_size as i64, &paths[0])?;
         let split = match spec.split_dim {
