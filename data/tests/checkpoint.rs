@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use flux_data::checkpoint::{self, CheckpointError, CheckpointLayout, TrainingState};
+use flux_data::checkpoint::{self, CheckpointLayout, TrainingState};
+use flux_data::DataError;
 use flux_model::tp::{parts, LinearDecl, LinearInit, ParamSpec, Shard, SingleRank, TpContext};
 use tch::{Device, Kind, Tensor};
 
@@ -104,7 +105,7 @@ fn a_changed_value_is_detected_by_its_checksum() {
         ds.write_raw(&data).unwrap();
     }
     match checkpoint::load(&saved) {
-        Err(CheckpointError::Corrupt { path, dataset }) => {
+        Err(DataError::Corrupt { path, dataset }) => {
             assert!(path.ends_with("tp_00.h5"));
             assert_eq!(dataset, "layer.weight");
         }

@@ -4,86 +4,10 @@
 use std::path::Path;
 
 use flux_model::tp::{GradSync, ParamSpec};
-use hdf5::types::VarLenUnicode;
 use tch::{Kind, Tensor};
 
-use crate::checkpoint::CheckpointError;
-
-/// Map an HDF5 error on `what` in the file `path`.
-pub(super) fn h5err<'a>(
-    path: &'a Path,
-    what: &str,
-) -> impl Fn(hdf5::Error) -> CheckpointError + 'a {
-    let what = what.to_string();
-    move |e| CheckpointError::Hdf5 {
-        path: path.display().to_string(),
-        what: what.clone(),
-        message: e.to_string(),
-    }
-}
-
-/// Write a string attribute.
-pub fn write_str(
-    loc: &hdf5::Location,
-    name: &str,
-    value: &str,
-    path: &Path,
-) -> Result<(), CheckpointError> {
-    let v: VarLenUnicode = value
-        .parse()
-        .expect("any UTF-8 string is a valid HDF5 string");
-    loc.new_attr::<VarLenUnicode>()
-        .create(name)
-        .and_then(|a| a.write_scalar(&v))
-        .map_err(h5err(path, name))
-}
-
-/// Read a string attribute.
-pub fn read_str(loc: &hdf5::Location, name: &str, path: &Path) -> Result<String, CheckpointError> {
-    loc.attr(name)
-        .and_then(|a| a.read_scalar::<VarLenUnicode>())
-        .map(|s| s.to_string())
-        .map_err(h5err(path, name))
-}
-
-/// Write a scalar attribute.
-pub fn write_u64(
-    loc: &hdf5::Location,
-    name: &str,
-    value: u64,
-    path: &Path,
-) -> Result<(), CheckpointError> {
-    loc.new_attr::<u64>()
-        .create(name)
-        .and_then(|a| a.write_scalar(&value))
-        .map_err(h5err(path, name))
-}
-
-/// Read a scalar attribute.
-pub fn read_u64(loc: &hdf5::Location, name: &str, path: &Path) -> Result<u64, CheckpointError> {
-    loc.attr(name)
-        .and_then(|a| a.read_scalar::<u64>())
-        .map_err(h5err(path, name))
-}
-
-fn write_i64s(
-    loc: &hdf5::Location,
-    name: &str,
-    values: &[i64],
-    path: &Path,
-) -> Result<(), CheckpointError> {
-    loc.new_attr::<i64>()
-        .shape([values.len()])
-        .create(name)
-        .and_then(|a| a.write_raw(values))
-        .map_err(h5err(path, name))
-}
-
-fn read_i64s(loc: &hdf5::Location, name: &str, path: &Path) -> Result<Vec<i64>, CheckpointError> {
-    loc.attr(name)
-        .and_then(|a| a.read_raw::<i64>())
-        .map_err(h5err(path, name))
-}
+use crate::error::DataError;
+use crate::h5attr::{h5err, read_i64s, read_str, read_u64, write_i64s, write_str, write_u64};
 
 /// Write `tensor` (this rank's shard of `spec`) as `group/name` in f32, with its logical shape,
 /// split, parts, original dtype and CRC-32.
@@ -92,7 +16,7 @@ pub fn write_tensor(
     spec: &ParamSpec,
     tensor: &Tensor,
     path: &Path,
-) -> Result<(), CheckpointError> {
+) -> Result<(), DataError> {
     let data = Vec::<f32>::try_from(
         tensor
             .to_kind(Kind::Float)
@@ -144,12 +68,12 @@ pub fn read_tensor(
     name: &str,
     tp_size: i64,
     path: &Path,
-) -> Result<(Tensor, ParamSpec), CheckpointError> {
+) -> Result<(Tensor, ParamSpec), DataError> {
     let ds = group.dataset(name).map_err(h5err(path, name))?;
     let data = ds.read_raw::<f32>().map_err(h5err(path, name))?;
     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
     if crc32fast::hash(&bytes) as u64 != read_u64(&ds, "crc32", path)? {
-        return Err(CheckpointError::Corrupt {
+        return Err(DataError::Corrupt {
             path: path.display().to_string(),
             dataset: name.to_string(),
         });

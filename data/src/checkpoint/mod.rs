@@ -17,67 +17,17 @@ use std::path::{Path, PathBuf};
 use flux_model::tp::{Collective, ParamSpec, TpContext};
 use tch::Tensor;
 
-pub use h5::{read_str, read_tensor, read_u64};
+pub use h5::read_tensor;
+
+use crate::error::io;
+use crate::error::DataError;
+use crate::h5attr::{self, h5err, read_str, read_u64};
 
 /// Version written to every file; readers refuse others.
 pub const FORMAT_VERSION: u64 = 1;
 
 /// The tensor groups a checkpoint holds, in file order.
 pub const GROUPS: [&str; 3] = ["params", "exp_avg", "exp_avg_sq"];
-
-/// Why a checkpoint could not be written or read; every variant names the file.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A filesystem operation failed.
-    #[error("{path}: {message}")]
-    Io {
-        /// The file or directory.
-        path: String,
-        /// The OS error.
-        message: String,
-    },
-    /// The HDF5 library refused an operation.
-    #[error("{path}: {what}: {message}")]
-    Hdf5 {
-        /// The file.
-        path: String,
-        /// Dataset or attribute.
-        what: String,
-        /// HDF5's message.
-        message: String,
-    },
-    /// A dataset's bytes do not match its CRC-32.
-    #[error("{path}: dataset `{dataset}` is corrupt (CRC-32 mismatch)")]
-    Corrupt {
-        /// The file.
-        path: String,
-        /// The dataset.
-        dataset: String,
-    },
-    /// The checkpoint's structure is not what this version writes.
-    #[error("{path}: {message}")]
-    Format {
-        /// The file or directory.
-        path: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// Another rank failed its part of a collective save.
-    #[error("checkpoint {dir}: {failed} rank(s) failed to write their part; the previous checkpoint stays current")]
-    PeerFailed {
-        /// The checkpoint being written.
-        dir: String,
-        /// How many ranks failed.
-        failed: u32,
-    },
-}
-
-fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
-    move |e| CheckpointError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
-}
 
 /// How a checkpoint is laid out on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +69,7 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step_{step:09}")
 }
 
-fn fsync(path: &Path) -> Result<(), CheckpointError> {
+fn fsync(path: &Path) -> Result<(), DataError> {
     fs::File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(io(path))
@@ -129,15 +79,15 @@ fn fsync(path: &Path) -> Result<(), CheckpointError> {
 /// `PeerFailed` when another rank failed, so all ranks stop together and none hangs.
 fn settle(
     world: &dyn Collective,
-    result: Result<(), CheckpointError>,
+    result: Result<(), DataError>,
     dir: &Path,
-) -> Result<(), CheckpointError> {
+) -> Result<(), DataError> {
     let mut flag = [if result.is_err() { 1.0f32 } else { 0.0 }];
     world.all_reduce_sum(&mut flag);
     result?;
     match flag[0] as u32 {
         0 => Ok(()),
-        failed => Err(CheckpointError::PeerFailed {
+        failed => Err(DataError::PeerFailed {
             dir: dir.display().to_string(),
             failed,
         }),
@@ -150,18 +100,18 @@ fn write_file(
     specs: &[ParamSpec],
     tp_rank: usize,
     tp_size: usize,
-) -> Result<(), CheckpointError> {
+) -> Result<(), DataError> {
     let tmp = path.with_extension("h5.tmp");
     {
-        let file = hdf5::File::create(&tmp).map_err(h5::h5err(&tmp, "create"))?;
-        h5::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
-        h5::write_u64(&file, "step", state.step, &tmp)?;
-        h5::write_u64(&file, "optimizer_step", state.optimizer_step, &tmp)?;
-        h5::write_u64(&file, "tp_rank", tp_rank as u64, &tmp)?;
-        h5::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
-        h5::write_str(&file, "config", &state.config, &tmp)?;
+        let file = hdf5::File::create(&tmp).map_err(h5err(&tmp, "create"))?;
+        h5attr::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
+        h5attr::write_u64(&file, "step", state.step, &tmp)?;
+        h5attr::write_u64(&file, "optimizer_step", state.optimizer_step, &tmp)?;
+        h5attr::write_u64(&file, "tp_rank", tp_rank as u64, &tmp)?;
+        h5attr::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
+        h5attr::write_str(&file, "config", &state.config, &tmp)?;
         for (group, tensors) in GROUPS.iter().zip(&state.groups) {
-            let g = file.create_group(group).map_err(h5::h5err(&tmp, group))?;
+            let g = file.create_group(group).map_err(h5err(&tmp, group))?;
             for (spec, t) in specs.iter().zip(tensors) {
                 h5::write_tensor(&g, spec, t, &tmp)?;
             }
@@ -185,7 +135,7 @@ pub fn save(
     dp_rank: usize,
     world: &dyn Collective,
     keep: usize,
-) -> Result<PathBuf, CheckpointError> {
+) -> Result<PathBuf, DataError> {
     let name = step_dir_name(state.step);
     let (dir, partial) = (run_dir.join(&name), run_dir.join(format!("{name}.partial")));
     let leader = world.rank() == 0;
@@ -247,7 +197,7 @@ fn publish(
     dir: &Path,
     name: &str,
     keep: usize,
-) -> Result<(), CheckpointError> {
+) -> Result<(), DataError> {
     fsync(partial)?;
     if dir.exists() {
         fs::remove_dir_all(dir).map_err(io(dir))?;
@@ -268,7 +218,7 @@ fn publish(
 }
 
 /// The published checkpoints of `run_dir` (directories named `step_*`, no `.partial`).
-pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     if !run_dir.exists() {
         return Ok(out);
@@ -284,7 +234,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
 }
 
 /// The checkpoint `latest` points to, if any.
-pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, DataError> {
     let pointer = run_dir.join("latest");
     if !pointer.exists() {
         return Ok(None);
@@ -292,7 +242,7 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     let name = fs::read_to_string(&pointer).map_err(io(&pointer))?;
     let dir = run_dir.join(name.trim());
     if !dir.is_dir() {
-        return Err(CheckpointError::Format {
+        return Err(DataError::Format {
             path: pointer.display().to_string(),
             message: format!("points to {} which does not exist", dir.display()),
         });
@@ -301,20 +251,20 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
 }
 
 /// The checkpoint's files, in tensor-parallel rank order, with their `tp_size`.
-fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), CheckpointError> {
+fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), DataError> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .map_err(io(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "h5"))
         .collect();
     files.sort();
-    let first = files.first().ok_or_else(|| CheckpointError::Format {
+    let first = files.first().ok_or_else(|| DataError::Format {
         path: dir.display().to_string(),
         message: "holds no .h5 files".into(),
     })?;
     let tp_size = open(first)?.1 as usize;
     if files.len() != tp_size {
-        return Err(CheckpointError::Format {
+        return Err(DataError::Format {
             path: dir.display().to_string(),
             message: format!(
                 "written at tensor-parallel size {tp_size} but holds {} file(s)",
@@ -325,11 +275,11 @@ fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), CheckpointError> {
     Ok((files, tp_size))
 }
 
-fn open(path: &Path) -> Result<(hdf5::File, u64), CheckpointError> {
-    let file = hdf5::File::open(path).map_err(h5::h5err(path, "open"))?;
+fn open(path: &Path) -> Result<(hdf5::File, u64), DataError> {
+    let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
     let version = read_u64(&file, "format_version", path)?;
     if version != FORMAT_VERSION {
-        return Err(CheckpointError::Format {
+        return Err(DataError::Format {
             path: path.display().to_string(),
             message: format!("format version {version}, this build reads {FORMAT_VERSION}"),
         });
@@ -339,7 +289,7 @@ fn open(path: &Path) -> Result<(hdf5::File, u64), CheckpointError> {
 }
 
 /// Read checkpoint `dir` and reassemble every logical tensor (checking every CRC).
-pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
     let (paths, tp_size) = files(dir)?;
     let opened = paths
         .iter()
@@ -352,12 +302,12 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
         let names = first
             .group(group)
             .and_then(|g| g.member_names())
-            .map_err(h5::h5err(&paths[0], group))?;
+            .map_err(h5err(&paths[0], group))?;
         for name in names {
             let mut shards = Vec::with_capacity(tp_size);
             let mut spec = None;
             for (file, path) in opened.iter().zip(&paths) {
-                let g = file.group(group).map_err(h5::h5err(path, group))?;
+                let g = file.group(group).map_err(h5err(path, group))?;
                 let (t, s) = read_tensor(&g, &name, tp_size as i64, path)?;
                 shards.push(t);
                 spec = Some(s);
@@ -377,19 +327,17 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
 }
 
 /// One line per parameter of checkpoint `dir`: name, logical shape, dtype and shard layout.
-pub fn inspect(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+pub fn inspect(dir: &Path) -> Result<Vec<String>, DataError> {
     let (paths, tp_size) = files(dir)?;
     let (file, _) = open(&paths[0])?;
     let step = read_u64(&file, "step", &paths[0])?;
-    let g = file
-        .group("params")
-        .map_err(h5::h5err(&paths[0], "params"))?;
+    let g = file.group("params").map_err(h5err(&paths[0], "params"))?;
     let mut lines = vec![format!(
         "{}: step {step}, {} file(s), tensor-parallel size {tp_size}",
         dir.display(),
         paths.len()
     )];
-    let names = g.member_names().map_err(h5::h5err(&paths[0], "params"))?;
+    let names = g.member_names().map_err(h5err(&paths[0], "params"))?;
     for name in names {
         let (t, spec) = read_tensor(&g, &name, tp_size as i64, &paths[0])?;
         let split = match spec.split_dim {

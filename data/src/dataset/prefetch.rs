@@ -1,0 +1,83 @@
+//! A background thread that reads the next micro-batches while the current one trains, through a
+//! bounded queue (at most `depth` micro-batches in memory ahead of training).
+
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+
+use crate::dataset::order::SampleOrder;
+use crate::dataset::reader::LatentDataset;
+use crate::dataset::writer::Sample;
+use crate::error::DataError;
+
+/// One micro-batch as read: its global sample counters and their samples.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Global sample counters (keys of per-sample randomness).
+    pub counters: Vec<u64>,
+    /// The samples, in counter order.
+    pub samples: Vec<Sample>,
+}
+
+/// Reads micro-batches ahead on a thread; dropping it stops the thread.
+pub struct Prefetcher {
+    rx: Option<Receiver<Result<Fetched, DataError>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    /// Read the micro-batches `batches` (lists of global counters) of `dataset` in `order`, up to
+    /// `depth` (≥ 1) ahead of the consumer. A read error is delivered in place of its batch and
+    /// ends the thread.
+    pub fn spawn(
+        dataset: LatentDataset,
+        mut order: SampleOrder,
+        batches: impl Iterator<Item = Vec<u64>> + Send + 'static,
+        depth: usize,
+    ) -> Self {
+        let (tx, rx) = sync_channel(depth.max(1));
+        let thread = std::thread::Builder::new()
+            .name("flux-prefetch".into())
+            .spawn(move || {
+                for counters in batches {
+                    let samples = counters
+                        .iter()
+                        .map(|&c| dataset.read(order.index(c)))
+                        .collect::<Result<Vec<_>, _>>();
+                    let failed = samples.is_err();
+                    let item = samples.map(|samples| Fetched { counters, samples });
+                    if tx.send(item).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .expect("the OS can start a thread");
+        Self {
+            rx: Some(rx),
+            thread: Some(thread),
+        }
+    }
+
+    /// The next micro-batch, waiting for it if the thread is behind.
+    pub fn next_batch(&mut self) -> Result<Fetched, DataError> {
+        self.rx
+            .as_ref()
+            .expect("present until drop")
+            .recv()
+            .unwrap_or_else(|_| {
+                Err(DataError::Format {
+                    path: "prefetch thread".into(),
+                    message: "stopped after an earlier read error".into(),
+                })
+            })
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        // Disconnect first so a thread blocked on a full queue wakes up and exits.
+        drop(self.rx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

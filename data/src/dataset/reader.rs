@@ -1,0 +1,214 @@
+//! Reading a dataset of many shards: every shard's structure is checked when it is opened (same
+//! layout, every dataset `[num_samples, *shape]` in the stored type), so a truncated or mis-shaped
+//! shard fails at start-up with the file and dataset named, never with a panic mid-run.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use hdf5::types::VarLenUnicode;
+use hdf5::Dataset;
+
+use crate::dataset::layout::{ShardLayout, CAPTIONS, IDS};
+use crate::dataset::values::{StorageDtype, Values};
+use crate::dataset::writer::Sample;
+use crate::error::{io, DataError};
+use crate::h5attr::{h5err, read_u64};
+
+/// One opened shard.
+struct Shard {
+    path: PathBuf,
+    numeric: Vec<Dataset>,
+    strings: Vec<Dataset>,
+    rows: u64,
+}
+
+/// A dataset of latent shards, indexed `0..len()` in file order.
+pub struct LatentDataset {
+    layout: ShardLayout,
+    shards: Vec<Shard>,
+    /// Global index of each shard's first sample.
+    starts: Vec<u64>,
+    len: u64,
+}
+
+/// The shard files named by `paths`: files as given, directories expanded to their `*.h5` files
+/// in name order.
+pub fn shard_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let mut inside: Vec<PathBuf> = fs::read_dir(path)
+                .map_err(io(path))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "h5"))
+                .collect();
+            inside.sort();
+            files.extend(inside);
+        } else if path.exists() {
+            files.push(path.clone());
+        } else {
+            return Err(DataError::format(path, "no such file or directory"));
+        }
+    }
+    Ok(files)
+}
+
+/// Open `path`, read its layout and check every dataset's type and shape against it. Returns the
+/// layout, sample count and the datasets (numeric in layout order, then strings).
+fn open_shard(path: &Path) -> Result<(ShardLayout, Shard), DataError> {
+    let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
+    let layout = ShardLayout::read(&file, path)?;
+    let rows = read_u64(&file, "num_samples", path)?;
+    let dataset = |name: &str, shape: &[usize], size: Option<usize>| {
+        let ds = file.dataset(name).map_err(h5err(path, name))?;
+        let expected: Vec<usize> = std::iter::once(rows as usize)
+            .chain(shape.iter().copied())
+            .collect();
+        if ds.shape() != expected {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "dataset `{name}` has shape {:?}, the shard's attributes say {expected:?}",
+                    ds.shape()
+                ),
+            ));
+        }
+        if let Some(size) = size {
+            let stored = ds.dtype().map_err(h5err(path, name))?.size();
+            if stored != size {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "dataset `{name}` stores {stored}-byte values, dtype {} needs {size}",
+                        layout.dtype
+                    ),
+                ));
+            }
+        }
+        Ok(ds)
+    };
+    let numeric = layout
+        .numeric()
+        .iter()
+        .map(|(name, shape)| dataset(name, shape, Some(layout.dtype.size())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let strings = layout
+        .strings()
+        .iter()
+        .map(|name| dataset(name, &[], None))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shard = Shard {
+        path: path.to_path_buf(),
+        numeric,
+        strings,
+        rows,
+    };
+    Ok((layout, shard))
+}
+
+impl LatentDataset {
+    /// Open the shards named by `paths` (files, or directories of `*.h5`). Fails naming the file
+    /// when a shard cannot be read, has another layout than the first, or holds no samples.
+    pub fn open(paths: &[PathBuf]) -> Result<Self, DataError> {
+        let files = shard_files(paths)?;
+        let Some(first) = files.first() else {
+            let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+            return Err(DataError::Format {
+                path: shown.join(", "),
+                message: "no latent shards (*.h5) found".into(),
+            });
+        };
+        let (layout, _) = open_shard(first)?;
+        let mut shards = Vec::with_capacity(files.len());
+        let (mut starts, mut len) = (Vec::with_capacity(files.len()), 0u64);
+        for path in &files {
+            let (other, shard) = open_shard(path)?;
+            if other != layout {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "layout differs from {}: {other:?} vs {layout:?}",
+                        first.display()
+                    ),
+                ));
+            }
+            starts.push(len);
+            len += shard.rows;
+            shards.push(shard);
+        }
+        if len == 0 {
+            return Err(DataError::format(first, "the dataset holds no samples"));
+        }
+        Ok(Self {
+            layout,
+            shards,
+            starts,
+            len,
+        })
+    }
+
+    /// The layout every shard shares.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// Samples in all shards.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether there are no samples (never true for an opened dataset).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The shard files, in index order.
+    pub fn files(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+
+    /// Sample `index` (`0..len()`), values decoded to f32. A read failure (e.g. a shard truncated
+    /// after it was opened) names the file and dataset.
+    pub fn read(&self, index: u64) -> Result<Sample, DataError> {
+        let s = self.starts.partition_point(|&start| start <= index) - 1;
+        let shard = &self.shards[s];
+        let row = (index - self.starts[s]) as usize;
+        if index >= self.len {
+            return Err(DataError::format(
+                &shard.path,
+                format!("sample {index} is past the dataset's {} samples", self.len),
+            ));
+        }
+        let dtype: StorageDtype = self.layout.dtype;
+        let names = self.layout.numeric();
+        let mut numeric = shard
+            .numeric
+            .iter()
+            .zip(&names)
+            .map(|(ds, (name, _))| {
+                Values::read_rows(dtype, ds, row..row + 1)
+                    .map(|v| v.to_f32())
+                    .map_err(h5err(&shard.path, name))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
+        let mut text = shard.strings.iter().zip([IDS, CAPTIONS]).map(|(ds, name)| {
+            ds.read_slice_1d::<VarLenUnicode, _>(row..row + 1)
+                .map(|a| a[0].to_string())
+                .map_err(h5err(&shard.path, name))
+        });
+        let id = text.next().expect("ids are always stored")?;
+        let caption = text.next().transpose()?;
+        let mut next = || numeric.next().expect("one vector per numeric dataset");
+        let latents = next();
+        let logvar = self.layout.logvar.then(&mut next);
+        Ok(Sample {
+            id,
+            latents,
+            logvar,
+            t5: next(),
+            clip: next(),
+            caption,
+        })
+    }
+}

@@ -1,0 +1,239 @@
+//! Writing latent shards: one sample at a time into chunked, resizable datasets (one sample per
+//! chunk), CRC-32s accumulated on the way, published by fsync and rename so a crash never leaves a
+//! shard that looks finished.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use hdf5::types::VarLenUnicode;
+use hdf5::{Dataset, Extent, Extents, SimpleExtents};
+
+use crate::dataset::layout::ShardLayout;
+use crate::dataset::values::{StorageDtype, Values};
+use crate::error::{io, DataError};
+use crate::h5attr::{h5err, write_u64};
+
+/// One sample before encoding, values row-major in f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Key of the sample in its source (file stem, tar key).
+    pub id: String,
+    /// Latent (or posterior mean) `[C, H, W]`.
+    pub latents: Vec<f32>,
+    /// Posterior log-variance `[C, H, W]`, when the layout has one.
+    pub logvar: Option<Vec<f32>>,
+    /// Text states `[S, D_text]`.
+    pub t5: Vec<f32>,
+    /// Pooled embedding `[D_pooled]`.
+    pub clip: Vec<f32>,
+    /// Caption, when the layout has captions.
+    pub caption: Option<String>,
+}
+
+impl Sample {
+    /// The numeric fields in the order of [`ShardLayout::numeric`].
+    pub(crate) fn numeric(&self) -> Vec<Option<&[f32]>> {
+        let mut out = vec![Some(self.latents.as_slice())];
+        if let Some(lv) = &self.logvar {
+            out.push(Some(lv.as_slice()));
+        }
+        out.push(Some(self.t5.as_slice()));
+        out.push(Some(self.clip.as_slice()));
+        out
+    }
+}
+
+struct Column {
+    name: &'static str,
+    ds: Dataset,
+    shape: Vec<usize>,
+    crc: crc32fast::Hasher,
+}
+
+/// Writes one shard file. Call [`ShardWriter::finish`] to publish it; dropping it unfinished
+/// leaves only a `.tmp` file behind.
+pub struct ShardWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    file: hdf5::File,
+    layout: ShardLayout,
+    numeric: Vec<Column>,
+    strings: Vec<Column>,
+    rows: usize,
+}
+
+fn create_numeric(
+    file: &hdf5::File,
+    name: &str,
+    dtype: StorageDtype,
+    shape: &[usize],
+    deflate: Option<u8>,
+) -> hdf5::Result<Dataset> {
+    let extents = Extents::Simple(SimpleExtents::from_vec(
+        std::iter::once(Extent::resizable(0))
+            .chain(shape.iter().map(|&d| Extent::fixed(d)))
+            .collect(),
+    ));
+    let chunk: Vec<usize> = std::iter::once(1).chain(shape.iter().copied()).collect();
+    macro_rules! build {
+        ($t:ty) => {{
+            let mut b = file.new_dataset::<$t>().chunk(chunk).shape(extents);
+            if let Some(level) = deflate {
+                b = b.deflate(level);
+            }
+            b.create(name)
+        }};
+    }
+    match dtype {
+        StorageDtype::Bf16 => build!(u16),
+        StorageDtype::F16 => build!(half::f16),
+        StorageDtype::F32 => build!(f32),
+    }
+}
+
+impl ShardWriter {
+    /// Start `path` (written as `path.tmp` until finished) for samples of `layout`, optionally
+    /// deflate-compressed at `deflate` (1–9).
+    pub fn create(
+        path: &Path,
+        layout: &ShardLayout,
+        deflate: Option<u8>,
+    ) -> Result<Self, DataError> {
+        let tmp = path.with_extension("h5.tmp");
+        let file = hdf5::File::create(&tmp).map_err(h5err(&tmp, "create"))?;
+        layout.write(&file, &tmp)?;
+        let numeric = layout
+            .numeric()
+            .into_iter()
+            .map(|(name, shape)| {
+                let ds = create_numeric(&file, name, layout.dtype, &shape, deflate)
+                    .map_err(h5err(&tmp, name))?;
+                Ok(Column {
+                    name,
+                    ds,
+                    shape,
+                    crc: crc32fast::Hasher::new(),
+                })
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
+        let strings = layout
+            .strings()
+            .into_iter()
+            .map(|name| {
+                let ds = file
+                    .new_dataset::<VarLenUnicode>()
+                    .chunk(256)
+                    .shape(Extents::Simple(SimpleExtents::from_vec(vec![
+                        Extent::resizable(0),
+                    ])))
+                    .create(name)
+                    .map_err(h5err(&tmp, name))?;
+                Ok(Column {
+                    name,
+                    ds,
+                    shape: vec![],
+                    crc: crc32fast::Hasher::new(),
+                })
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            tmp,
+            file,
+            layout: layout.clone(),
+            numeric,
+            strings,
+            rows: 0,
+        })
+    }
+
+    /// Samples written so far.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether no sample was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Append `sample`; fails naming the field whose size does not match the layout.
+    pub fn append(&mut self, sample: &Sample) -> Result<(), DataError> {
+        if sample.logvar.is_some() != self.layout.logvar
+            || sample.caption.is_some() != self.layout.captions
+        {
+            return Err(DataError::format(
+                &self.tmp,
+                format!(
+                    "sample `{}`: log-variance/caption presence differs from the shard's layout",
+                    sample.id
+                ),
+            ));
+        }
+        let row = self.rows;
+        for (column, values) in self.numeric.iter_mut().zip(sample.numeric()) {
+            let values = values.expect("presence checked above");
+            let expected: usize = column.shape.iter().product();
+            if values.len() != expected {
+                return Err(DataError::format(
+                    &self.tmp,
+                    format!(
+                        "sample `{}`: `{}` has {} values, the layout's {:?} needs {expected}",
+                        sample.id,
+                        column.name,
+                        values.len(),
+                        column.shape
+                    ),
+                ));
+            }
+            let encoded = Values::encode(self.layout.dtype, values);
+            let shape: Vec<usize> = std::iter::once(row + 1)
+                .chain(column.shape.iter().copied())
+                .collect();
+            column
+                .ds
+                .resize(shape)
+                .and_then(|()| encoded.write_rows(&column.ds, row, &column.shape))
+                .map_err(h5err(&self.tmp, column.name))?;
+            column.crc.update(&encoded.le_bytes());
+        }
+        let texts = [Some(sample.id.as_str()), sample.caption.as_deref()];
+        for (column, text) in self.strings.iter_mut().zip(texts.into_iter().flatten()) {
+            let value: VarLenUnicode = text.parse().map_err(|_| {
+                DataError::format(
+                    &self.tmp,
+                    format!("sample `{}`: text holds a NUL", sample.id),
+                )
+            })?;
+            column
+                .ds
+                .resize([row + 1])
+                .and_then(|()| {
+                    column
+                        .ds
+                        .write_slice(ndarray::arr1(&[value]).view(), row..row + 1)
+                })
+                .map_err(h5err(&self.tmp, column.name))?;
+            column.crc.update(text.as_bytes());
+            column.crc.update(b"\n");
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    /// Record the sample count and CRC-32s, flush, fsync and rename into place. Returns the path.
+    pub fn finish(self) -> Result<PathBuf, DataError> {
+        let tmp = self.tmp;
+        write_u64(&self.file, "num_samples", self.rows as u64, &tmp)?;
+        for column in self.numeric.into_iter().chain(self.strings) {
+            write_u64(&column.ds, "crc32", column.crc.finalize() as u64, &tmp)?;
+        }
+        self.file.flush().map_err(h5err(&tmp, "flush"))?;
+        drop(self.file);
+        fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&tmp))?;
+        fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        Ok(self.path)
+    }
+}

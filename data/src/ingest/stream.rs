@@ -1,0 +1,247 @@
+//! Streaming ingest from an HTTP base URL: a manifest of tar shards and their MD5s is fetched,
+//! `concurrency` threads download ahead, at most `prefetch` downloaded files sit on disk at once,
+//! and the main thread converts them strictly in manifest order and deletes each after use.
+//! Files that still fail after the retries, or fail to convert, are skipped and listed in `failed_files.json`; shards
+//! already converted are skipped, so re-running resumes.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use serde::Serialize;
+
+use crate::error::{io, DataError};
+use crate::ingest::http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
+use crate::ingest::local::{convert_tar, shard_path};
+use crate::ingest::{IngestOptions, IngestSummary, Progress};
+
+/// Where and how to stream from.
+#[derive(Debug, Clone)]
+pub struct HttpSource {
+    /// Base URL; file names from the manifest are appended (`{base}/{name}`).
+    pub base_url: String,
+    /// Manifest file name under the base URL (one tar name per line).
+    pub manifest: String,
+    /// MD5 list file name under the base URL (`md5sum` format), if any.
+    pub md5: Option<String>,
+    /// Concurrent downloads.
+    pub concurrency: usize,
+    /// Downloaded files allowed on disk at once (the one being converted included).
+    pub prefetch: usize,
+    /// Retry behaviour per file.
+    pub retry: RetryPolicy,
+    /// Directory for downloads in flight.
+    pub work_dir: PathBuf,
+}
+
+/// One file that could not be ingested, as listed in `failed_files.json`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FailedFile {
+    /// Name from the manifest.
+    pub file: String,
+    /// The last error.
+    pub error: String,
+    /// Download attempts made.
+    pub attempts: u32,
+}
+
+/// A counting semaphore: the permits are downloaded files on disk.
+struct Permits {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Permits {
+    fn acquire(&self) {
+        let mut free = self.free.lock().expect("no panics while held");
+        while *free == 0 {
+            free = self.freed.wait(free).expect("no panics while held");
+        }
+        *free -= 1;
+    }
+
+    fn release(&self) {
+        *self.free.lock().expect("no panics while held") += 1;
+        self.freed.notify_one();
+    }
+}
+
+type Downloaded = Result<(PathBuf, u32), (String, u32)>;
+
+/// Results by manifest position, filled by the download threads.
+struct Results {
+    done: Mutex<HashMap<usize, Downloaded>>,
+    ready: Condvar,
+}
+
+fn url_of(base: &str, name: &str) -> String {
+    format!("{}/{}", base.trim_end_matches('/'), name)
+}
+
+/// Ingest every tar shard of `source`'s manifest into `out_dir`.
+pub fn ingest_http(
+    source: &HttpSource,
+    out_dir: &Path,
+    options: &IngestOptions,
+    progress: &dyn Progress,
+) -> Result<IngestSummary, DataError> {
+    fs::create_dir_all(out_dir).map_err(io(out_dir))?;
+    fs::create_dir_all(&source.work_dir).map_err(io(&source.work_dir))?;
+    let client = Arc::new(Client::new(source.retry));
+    let fetch_text = |name: &str| {
+        client
+            .text(
+                &url_of(&source.base_url, name),
+                &source.work_dir.join(".listing"),
+            )
+            .map_err(|message| DataError::Format {
+                path: url_of(&source.base_url, name),
+                message,
+            })
+    };
+    let names = parse_manifest(&fetch_text(&source.manifest)?);
+    let md5s = match &source.md5 {
+        Some(name) => {
+            Some(
+                parse_md5_list(&fetch_text(name)?).map_err(|message| DataError::Format {
+                    path: url_of(&source.base_url, name),
+                    message,
+                })?,
+            )
+        }
+        None => None,
+    };
+    let mut summary = IngestSummary::default();
+    let todo: Vec<String> = names
+        .iter()
+        .filter(|n| !shard_path(out_dir, n).exists())
+        .cloned()
+        .collect();
+    summary.skipped = (names.len() - todo.len()) as u64;
+    progress.start(names.len() as u64);
+    progress.skip(summary.skipped);
+
+    let permits = Arc::new(Permits {
+        free: Mutex::new(source.prefetch.max(1)),
+        freed: Condvar::new(),
+    });
+    let results = Arc::new(Results {
+        done: Mutex::new(HashMap::new()),
+        ready: Condvar::new(),
+    });
+    let next_job = Arc::new(Mutex::new(0usize));
+    let jobs = Arc::new(todo.clone());
+    let workers: Vec<_> = (0..source.concurrency.max(1))
+        .map(|_| {
+            let (permits, results, next_job, jobs, client) = (
+                permits.clone(),
+                results.clone(),
+                next_job.clone(),
+                jobs.clone(),
+                client.clone(),
+            );
+            let (base, work_dir, md5s) = (
+                source.base_url.clone(),
+                source.work_dir.clone(),
+                md5s.clone(),
+            );
+            std::thread::spawn(move || loop {
+                // Take the permit before the job: permits then always belong to the earliest
+                // outstanding files, so the in-order consumer can never wait on a file that
+                // cannot start.
+                permits.acquire();
+                let job = {
+                    let mut next = next_job.lock().expect("no panics while held");
+                    let job = *next;
+                    *next += 1;
+                    job
+                };
+                let Some(name) = jobs.get(job) else {
+                    permits.release();
+                    return;
+                };
+                let dest = work_dir.join(name.replace('/', "_"));
+                let outcome = match md5s.as_ref().map(|m| m.get(name)) {
+                    Some(None) => Err(("no entry in the MD5 list".to_string(), 0)),
+                    digest => client
+                        .download(
+                            &url_of(&base, name),
+                            &dest,
+                            digest.flatten().map(|s| s.as_str()),
+                        )
+                        .map(|attempts| (dest, attempts)),
+                };
+                results
+                    .done
+                    .lock()
+                    .expect("no panics while held")
+                    .insert(job, outcome);
+                results.ready.notify_all();
+            })
+        })
+        .collect();
+
+    let mut failed = Vec::new();
+    for (job, name) in todo.iter().enumerate() {
+        let downloaded = {
+            let mut done = results.done.lock().expect("no panics while held");
+            loop {
+                if let Some(d) = done.remove(&job) {
+                    break d;
+                }
+                done = results.ready.wait(done).expect("no panics while held");
+            }
+        };
+        match downloaded {
+            Ok((file, attempts)) => {
+                let converted = fs::File::open(&file)
+                    .map_err(io(&file))
+                    .map(std::io::BufReader::new)
+                    .and_then(|reader| {
+                        let out = shard_path(out_dir, name);
+                        convert_tar(reader, name, &out, options, summary.layout.as_ref())
+                    });
+                let _ = fs::remove_file(&file);
+                match converted {
+                    Ok(written) => summary.add(written),
+                    Err(e) => failed.push(FailedFile {
+                        file: name.clone(),
+                        error: e.to_string(),
+                        attempts,
+                    }),
+                }
+            }
+            Err((error, attempts)) => {
+                tracing::warn!("{name}: skipped: {error}");
+                failed.push(FailedFile {
+                    file: name.clone(),
+                    error,
+                    attempts,
+                });
+            }
+        }
+        permits.release();
+        progress.advance(name);
+    }
+    for worker in workers {
+        let _ = worker.join();
+    }
+    progress.finish();
+    write_failed(out_dir, &failed)?;
+    summary.failed = failed;
+    Ok(summary)
+}
+
+/// Write `failed_files.json` (or remove a stale one when nothing failed).
+fn write_failed(out_dir: &Path, failed: &[FailedFile]) -> Result<(), DataError> {
+    let path = out_dir.join("failed_files.json");
+    if failed.is_empty() {
+        if path.exists() {
+            fs::remove_file(&path).map_err(io(&path))?;
+        }
+        return Ok(());
+    }
+    let json = serde_json::to_string_pretty(failed).expect("plain records serialise");
+    fs::write(&path, json + "\n").map_err(io(&path))
+}
