@@ -2,6 +2,7 @@
 
 mod check_parallel;
 mod ckpt_cmd;
+mod data_cmd;
 mod demo;
 mod info;
 mod resolution;
@@ -60,6 +61,8 @@ enum Command {
     Sample(sample_cmd::SampleArgs),
     /// Inspect training checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
+    /// Ingest pre-encoded latents into HDF5 shards (tar, npy/safetensors, HTTP) and validate them.
+    Data(data_cmd::DataArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Data(args) => data_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -90,7 +90,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         Ok(())
     };
     if first_step == 0 {
-        let eval = trainer.eval_loss();
+        let eval = trainer.eval_loss()?;
         record(
             step_record(&trainer, 0, None, Some(eval), start, 0.0),
             &mut metrics,
@@ -122,10 +122,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     let tokens = trainer.tokens_per_sample() as f64;
     for step in first_step + 1..=stop {
-        let stats = trainer.train_step();
+        let stats = trainer.train_step()?;
         let last = step == stop;
         let eval = (last || (t.eval_interval > 0 && step % t.eval_interval == 0))
-            .then(|| trainer.eval_loss());
+            .then(|| trainer.eval_loss())
+            .transpose()?;
         bar.inc(1);
         bar.set_message(format!("loss {:.4}", stats.loss));
         if last || step % t.log_interval == 0 || eval.is_some() {

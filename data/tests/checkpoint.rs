@@ -34,6 +34,10 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
         step,
         optimizer_step: step,
         config: "[model]\n".into(),
+        data: flux_data::dataset::DataPosition {
+            epoch: 1,
+            index: step,
+        },
         groups: [tensors, avg, avg_sq],
     }
 }
@@ -66,6 +70,10 @@ fn a_single_rank_checkpoint_round_trips_and_publishes_latest() {
     assert_eq!(
         (loaded.step, loaded.optimizer_step, loaded.config.as_str()),
         (9, 9, "[model]\n")
+    );
+    assert_eq!(
+        loaded.data,
+        flux_data::dataset::DataPosition { epoch: 1, index: 9 }
     );
     assert!(loaded.tensors["params"]["layer.weight"].equal(&(&w * 9.0)));
     assert!(loaded.tensors["exp_avg"]["layer.bias"].equal(&b.zeros_like()));

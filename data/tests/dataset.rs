@@ -160,7 +160,7 @@ fn the_prefetcher_delivers_the_planned_batches_in_order() {
     let expected: Vec<Vec<u64>> = plan.micro_batches().take(5).collect();
     let mut prefetcher =
         Prefetcher::spawn(data, SampleOrder::new(3, 12, true), plan.micro_batches(), 2);
-    let direct = LatentDataset::open(&[dir.clone()]).unwrap();
+    let direct = LatentDataset::open(std::slice::from_ref(&dir)).unwrap();
     let mut order = SampleOrder::new(3, 12, true);
     for counters in expected {
         let fetched = prefetcher.next_batch().unwrap();
@@ -212,7 +212,7 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
     let truncated = dir.join("b_truncated.h5");
     let bytes = std::fs::read(&good).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).unwrap();
-    let err = LatentDataset::open(&[dir.clone()])
+    let err = LatentDataset::open(std::slice::from_ref(&dir))
         .err()
         .expect("truncated shard refused");
     assert!(err.to_string().contains("b_truncated.h5"), "{err}");
@@ -231,7 +231,7 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
             .write_raw(&[5i64, 8])
             .unwrap();
     }
-    let err = LatentDataset::open(&[dir.clone()])
+    let err = LatentDataset::open(std::slice::from_ref(&dir))
         .err()
         .expect("mis-shaped shard refused");
     let text = err.to_string();

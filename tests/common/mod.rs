@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+pub mod fault_server;
+
 /// A fresh directory path under the system temp dir (not created).
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flux-train-{name}-{}", std::process::id()));

@@ -4,6 +4,7 @@
 //! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
 //! data-parallel training loop.
 
+mod data_source;
 pub mod loss;
 pub mod metrics;
 pub mod noise;
@@ -16,9 +17,10 @@ pub mod step_data;
 pub mod timesteps;
 mod trainer;
 
+pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
-    CheckpointConfig, CheckpointFormat, DataConfig, LrSchedule, OptimizationConfig, Precision,
-    TrainingConfig,
+    CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LrSchedule, OptimizationConfig,
+    Precision, TrainingConfig,
 };
-pub use trainer::{synthetic_data, StepStats, Trainer, EVAL_BASE};
+pub use trainer::{StepStats, Trainer};

@@ -215,18 +215,40 @@ impl OptimizationConfig {
     }
 }
 
+/// Where training samples come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataSourceKind {
+    /// Latents that are a fixed function of the pooled conditioning (no files needed).
+    Synthetic,
+    /// Pre-encoded latent shards in HDF5 (`flux-hpc data ingest` writes them).
+    Hdf5,
+}
+
 /// `[data]`: where latents come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `"synthetic"`: latents that are a fixed function of the pooled conditioning.
-    pub source: String,
+    /// `synthetic` or `hdf5`.
+    pub source: DataSourceKind,
+    /// Training shards: `.h5` files or directories of them (`hdf5` only).
+    pub paths: Vec<PathBuf>,
+    /// Held-out shards; empty: the first `eval_samples` of the training shards.
+    pub eval_paths: Vec<PathBuf>,
+    /// Visit samples in a new seeded order every epoch (otherwise file order).
+    pub shuffle: bool,
+    /// Micro-batches read ahead by the prefetch thread.
+    pub prefetch: usize,
 }
 
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            source: "synthetic".into(),
+            source: DataSourceKind::Synthetic,
+            paths: Vec::new(),
+            eval_paths: Vec::new(),
+            shuffle: true,
+            prefetch: 4,
         }
     }
 }
@@ -234,8 +256,13 @@ impl Default for DataConfig {
 impl DataConfig {
     /// Check the table; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        ConfigError::check(self.source == "synthetic", "source", || {
-            format!("only \"synthetic\" is available, got {:?}", self.source)
+        ConfigError::check(
+            self.source == DataSourceKind::Synthetic || !self.paths.is_empty(),
+            "paths",
+            || "source = \"hdf5\" needs at least one shard file or directory".into(),
+        )?;
+        ConfigError::check(self.prefetch >= 1, "prefetch", || {
+            "must read at least 1 micro-batch ahead".into()
         })
     }
 }

@@ -2,7 +2,7 @@
 //! latents the model sees — every random draw keyed by (seed, sample), so any data-parallel split
 //! of a global batch sees the same numbers.
 
-use flux_data::{KeyedRng, SyntheticLatents};
+use flux_data::{KeyedRng, LatentSamples};
 use flux_model::embeddings::{text_position_ids, token_grid_ids};
 use flux_model::{FluxBatch, FluxConfig};
 use tch::{Device, Kind, Tensor};
@@ -37,10 +37,11 @@ pub enum NoiseLevels<'a> {
     Equidistant,
 }
 
-/// Build the inputs for samples `ids`. `cfg_dropout` replaces a sample's text and pooled vector by
-/// zeros with that probability; `guidance` fills the guidance input when the model embeds it.
+/// Build the inputs for clean `samples` keyed by `ids` (global sample counters). `cfg_dropout`
+/// replaces a sample's text and pooled vector by zeros with that probability; the guidance input
+/// is filled when the model embeds guidance.
 pub fn step_data(
-    data: &SyntheticLatents,
+    samples: LatentSamples,
     config: &FluxConfig,
     ids: &[u64],
     seed: u64,
@@ -48,7 +49,6 @@ pub fn step_data(
     cfg_dropout: f64,
     device: Device,
 ) -> StepData {
-    let samples = data.batch(ids, device);
     let x0 = samples.latents;
     let per_sample_numel = x0.numel() / ids.len();
     let mut noise = Vec::with_capacity(x0.numel());

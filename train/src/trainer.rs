@@ -4,35 +4,20 @@
 use std::time::Instant;
 
 use flux_data::checkpoint::{LoadedCheckpoint, TrainingState};
-use flux_data::{SyntheticLatents, SyntheticShape};
+use flux_data::dataset::BatchPlan;
+use flux_data::DataError;
 use flux_model::tp::{all_reduce_grads, Collective, TpContext};
 use flux_model::{ConfigError, Flux};
 use tch::{Device, Kind};
 
+use crate::data_source::DataSource;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
 use crate::scheduler::FlowMatchEulerDiscreteScheduler;
 use crate::sections::Precision;
 use crate::step_data::{step_data, NoiseLevels, StepData};
-use crate::RunConfig;
-
-/// Held-out samples are indexed from here, away from any training index.
-pub const EVAL_BASE: u64 = 1 << 62;
-
-/// The synthetic dataset a run trains on: its `[training]` seed and latent and text sizes.
-pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
-    let t = &run.training;
-    let shape = SyntheticShape {
-        channels: run.model.in_channels,
-        height: t.latent_height,
-        width: t.latent_width,
-        text_len: t.text_len,
-        context_dim: run.model.context_dim,
-        vec_dim: run.model.vec_in_dim,
-    };
-    SyntheticLatents::new(t.seed, shape)
-}
+use crate::{RunConfig, EVAL_BASE};
 
 /// What one optimizer step measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,7 +37,9 @@ pub struct Trainer<'a> {
     run: RunConfig,
     model: Flux,
     optimizer: AdamW,
-    data: SyntheticLatents,
+    data: DataSource,
+    /// Global samples consumed (the counter the next step starts at).
+    consumed: u64,
     scheduler: FlowMatchEulerDiscreteScheduler,
     dp: &'a dyn Collective,
     device: Device,
@@ -100,7 +87,8 @@ impl<'a> Trainer<'a> {
             run: run.clone(),
             model,
             optimizer,
-            data: synthetic_data(run),
+            data: DataSource::open(run)?,
+            consumed: 0,
             scheduler: FlowMatchEulerDiscreteScheduler::new(1000, 1.0, None),
             dp,
             device,
@@ -149,22 +137,27 @@ impl<'a> Trainer<'a> {
     }
 
     /// One optimizer step over the global batch: this rank's micro-batches, gradients completed
-    /// across tensor and data parallelism, clipped, applied.
-    pub fn train_step(&mut self) -> StepStats {
+    /// across tensor and data parallelism, clipped, applied. Fails only when reading data fails.
+    pub fn train_step(&mut self) -> Result<StepStats, DataError> {
         let start = Instant::now();
         flux_model::recompute::clear_pending();
         let t = self.run.training.clone();
         let (rank, replicas) = (self.dp.rank() as u64, self.dp.size() as u64);
-        let micro_steps = t.global_batch_size / (t.micro_batch_size * replicas);
+        let plan = BatchPlan {
+            next_step_start: self.consumed,
+            global: t.global_batch_size,
+            micro: t.micro_batch_size,
+            rank,
+            replicas,
+        };
         let sampler = t.timestep_sampling;
         let mut local_loss = 0f64;
-        for m in 0..micro_steps {
-            let first =
-                self.step * t.global_batch_size + (m * replicas + rank) * t.micro_batch_size;
-            let ids: Vec<u64> = (first..first + t.micro_batch_size).collect();
+        for m in 0..plan.micro_steps() {
+            let ids = plan.micro_batch(plan.next_step_start, m);
+            let samples = self.data.train_batch(plan, m, self.device)?;
             let levels = NoiseLevels::Sampled(&sampler, &self.scheduler);
             let d = step_data(
-                &self.data,
+                samples,
                 &self.run.model,
                 &ids,
                 t.seed,
@@ -186,28 +179,31 @@ impl<'a> Trainer<'a> {
         let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
         self.optimizer.step(lr);
         self.step += 1;
+        self.consumed += t.global_batch_size;
         let mut loss = [local_loss as f32];
         self.dp.all_reduce_sum(&mut loss);
-        StepStats {
+        Ok(StepStats {
             loss: loss[0] as f64,
             grad_norm,
             lr,
             seconds: start.elapsed().as_secs_f64(),
-        }
+        })
     }
 
     /// Mean flow-matching loss on the held-out set (fixed samples, fixed noise, σ = (i mod 8)/8),
-    /// computed identically on every rank.
-    pub fn eval_loss(&self) -> f64 {
+    /// computed identically on every rank. Fails only when reading data fails.
+    pub fn eval_loss(&self) -> Result<f64, DataError> {
         let t = &self.run.training;
-        let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + t.eval_samples).collect();
         tch::no_grad(|| {
             let mut total = 0.0;
-            for chunk in ids.chunks(t.micro_batch_size as usize) {
+            for first in (0..t.eval_samples).step_by(t.micro_batch_size as usize) {
+                let n = t.micro_batch_size.min(t.eval_samples - first);
+                let samples = self.data.eval_batch(first, n, self.device)?;
+                let keys: Vec<u64> = (EVAL_BASE + first..EVAL_BASE + first + n).collect();
                 let d = step_data(
-                    &self.data,
+                    samples,
                     &self.run.model,
-                    chunk,
+                    &keys,
                     t.seed,
                     NoiseLevels::Equidistant,
                     0.0,
@@ -217,9 +213,9 @@ impl<'a> Trainer<'a> {
                     .loss_of(&d, false)
                     .to_kind(Kind::Double)
                     .double_value(&[])
-                    * chunk.len() as f64;
+                    * n as f64;
             }
-            total / ids.len() as f64
+            Ok(total / t.eval_samples as f64)
         })
     }
 
@@ -230,6 +226,7 @@ impl<'a> Trainer<'a> {
             step: self.step,
             optimizer_step,
             config: toml::to_string(&self.run).expect("configs serialise"),
+            data: self.data.position(self.consumed),
             groups,
         }
     }
@@ -270,6 +267,7 @@ impl<'a> Trainer<'a> {
         let groups = [group("params")?, group("exp_avg")?, group("exp_avg_sq")?];
         self.optimizer.load_state(checkpoint.optimizer_step, groups);
         self.step = checkpoint.step;
+        self.consumed = checkpoint.data.counter(self.data.epoch_len().unwrap_or(u64::MAX));
         Ok(())
     }
 

@@ -162,7 +162,12 @@ fn training_sections_are_validated_with_their_field_names() {
     );
     let err = parse_err("[data]\nsource = \"hdf5\"\n", &[]);
     assert!(
-        err.contains("data.source: only \"synthetic\" is available"),
+        err.contains("data.paths: source = \"hdf5\" needs at least one shard"),
+        "{err}"
+    );
+    let err = parse_err("[data]\nsource = \"webdataset\"\n", &[]);
+    assert!(
+        err.contains("data.source") && err.contains("webdataset"),
         "{err}"
     );
     let err = parse_err("[checkpoint]\nkeep = 0\n", &[]);

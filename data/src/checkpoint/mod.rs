@@ -4,7 +4,8 @@
 //!
 //! Every file holds the groups `params` (f32 master weights), `exp_avg` and `exp_avg_sq` (AdamW
 //! moments), one dataset per parameter with its shard layout and CRC-32, and root attributes
-//! `format_version`, `step`, `optimizer_step`, `tp_rank`, `tp_size` and `config` (the run's TOML).
+//! `format_version`, `step`, `optimizer_step`, `tp_rank`, `tp_size`, `config` (the run's TOML) and
+//! `data_epoch` / `data_index` (the data reader's position).
 //! Loading reassembles logical tensors from however many files there are, so a checkpoint written
 //! at one tensor-parallel size loads at any other.
 
@@ -19,12 +20,13 @@ use tch::Tensor;
 
 pub use h5::read_tensor;
 
+use crate::dataset::DataPosition;
 use crate::error::io;
 use crate::error::DataError;
 use crate::h5attr::{self, h5err, read_str, read_u64};
 
 /// Version written to every file; readers refuse others.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 
 /// The tensor groups a checkpoint holds, in file order.
 pub const GROUPS: [&str; 3] = ["params", "exp_avg", "exp_avg_sq"];
@@ -46,6 +48,8 @@ pub struct TrainingState {
     pub optimizer_step: u64,
     /// The run config as TOML.
     pub config: String,
+    /// Where the data reader is (restored so no sample is repeated or skipped).
+    pub data: DataPosition,
     /// `[params, exp_avg, exp_avg_sq]`, each one local tensor per spec.
     pub groups: [Vec<Tensor>; 3],
 }
@@ -60,6 +64,8 @@ pub struct LoadedCheckpoint {
     pub optimizer_step: u64,
     /// The run config it was written with.
     pub config: String,
+    /// Where the data reader was.
+    pub data: DataPosition,
     /// Group → parameter name → logical tensor.
     pub tensors: HashMap<String, HashMap<String, Tensor>>,
 }
@@ -110,6 +116,8 @@ fn write_file(
         h5attr::write_u64(&file, "tp_rank", tp_rank as u64, &tmp)?;
         h5attr::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
         h5attr::write_str(&file, "config", &state.config, &tmp)?;
+        h5attr::write_u64(&file, "data_epoch", state.data.epoch, &tmp)?;
+        h5attr::write_u64(&file, "data_index", state.data.index, &tmp)?;
         for (group, tensors) in GROUPS.iter().zip(&state.groups) {
             let g = file.create_group(group).map_err(h5err(&tmp, group))?;
             for (spec, t) in specs.iter().zip(tensors) {
@@ -322,6 +330,10 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
         step: read_u64(first, "step", &paths[0])?,
         optimizer_step: read_u64(first, "optimizer_step", &paths[0])?,
         config: read_str(first, "config", &paths[0])?,
+        data: DataPosition {
+            epoch: read_u64(first, "data_epoch", &paths[0])?,
+            index: read_u64(first, "data_index", &paths[0])?,
+        },
         tensors,
     })
 }

@@ -7,6 +7,7 @@
 //! CRC-32 attribute. Readers shuffle per epoch with a seed, split deterministically across
 //! data-parallel ranks and prefetch on a thread.
 
+mod batch;
 mod layout;
 mod order;
 mod prefetch;
@@ -15,6 +16,7 @@ mod validate;
 mod values;
 mod writer;
 
+pub use batch::{latent_samples, LatentDraw};
 pub use layout::{ShardLayout, CAPTIONS, CLIP, FORMAT_VERSION, IDS, LATENTS, LATENTS_LOGVAR, T5};
 pub use order::{BatchPlan, DataPosition, SampleOrder};
 pub use prefetch::{Fetched, Prefetcher};

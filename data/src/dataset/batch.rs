@@ -1,0 +1,81 @@
+//! Stored samples → training tensors: a latent drawn from the VAE posterior with per-sample keyed
+//! noise (or the stored latent), normalised, and packed 2×2 into channels when the model expects
+//! four times the stored channels (FLUX.1: 16 VAE channels → 64 model channels at patch size 1).
+
+use tch::{Device, Kind, Tensor};
+
+use crate::dataset::layout::ShardLayout;
+use crate::dataset::writer::Sample;
+use crate::rng::KeyedRng;
+use crate::synthetic::LatentSamples;
+
+/// Random stream of posterior draws.
+const POSTERIOR_STREAM: u64 = 4;
+
+/// How stored latents become the model's clean latents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatentDraw {
+    /// Draw `mean + exp(logvar / 2) · ε` with ε keyed by (seed, sample counter) — training.
+    Posterior {
+        /// The run's seed.
+        seed: u64,
+    },
+    /// Take the posterior mean — evaluation.
+    Mean,
+}
+
+fn stack(rows: impl Iterator<Item = Vec<f32>>, shape: &[i64]) -> Tensor {
+    let flat: Vec<f32> = rows.flatten().collect();
+    Tensor::from_slice(&flat).view(shape)
+}
+
+/// The training tensors of `samples` (keyed by `counters`) stored with `layout`, on `device`.
+/// With `pack`, `[B, C, H, W]` becomes `[B, 4C, H/2, W/2]` (channel `4c + 2dy + dx`, as
+/// diffusers' `_pack_latents` and BFL's `rearrange` order them).
+pub fn latent_samples(
+    samples: &[Sample],
+    counters: &[u64],
+    layout: &ShardLayout,
+    draw: LatentDraw,
+    pack: bool,
+    device: Device,
+) -> LatentSamples {
+    let b = samples.len() as i64;
+    let [c, h, w] = layout.latent.map(|d| d as i64);
+    let latent_shape = [b, c, h, w];
+    let mean = stack(samples.iter().map(|s| s.latents.clone()), &latent_shape);
+    let latents = match (draw, layout.logvar) {
+        (LatentDraw::Posterior { seed }, true) => {
+            let numel = (c * h * w) as usize;
+            let noise = stack(
+                counters
+                    .iter()
+                    .map(|&k| KeyedRng::new(seed, k, POSTERIOR_STREAM).normals(numel)),
+                &latent_shape,
+            );
+            let logvar = stack(
+                samples
+                    .iter()
+                    .map(|s| s.logvar.clone().expect("the layout has log-variances")),
+                &latent_shape,
+            );
+            layout.norm.sample(&mean, &logvar, &noise)
+        }
+        _ => layout.norm.mode(&mean),
+    };
+    let latents = if pack {
+        latents.pixel_unshuffle(2)
+    } else {
+        latents
+    };
+    let [s, d] = layout.text.map(|v| v as i64);
+    let to = |t: Tensor| t.to_kind(Kind::Float).to_device(device);
+    LatentSamples {
+        latents: to(latents),
+        txt: to(stack(samples.iter().map(|x| x.t5.clone()), &[b, s, d])),
+        y: to(stack(
+            samples.iter().map(|x| x.clip.clone()),
+            &[b, layout.pooled as i64],
+        )),
+    }
+}

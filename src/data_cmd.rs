@@ -1,0 +1,225 @@
+//! `flux-hpc data`: ingest pre-encoded samples into HDF5 latent shards, and validate shards.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use flux_data::dataset::{validate, StorageDtype};
+use flux_data::ingest::{
+    ingest_dir, ingest_http, ingest_tars, HttpSource, IngestOptions, IngestSummary, LayoutChoice,
+    Progress, RetryPolicy,
+};
+use flux_data::VaeNorm;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Arguments of `flux-hpc data`.
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    #[command(subcommand)]
+    command: DataCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum DataCommand {
+    /// Convert pre-encoded samples into HDF5 latent shards (format: docs/formats.md).
+    ///
+    /// Sources (exactly one):
+    ///   --tar FILES      WebDataset tar shards in MLPerf's pre-encoded format: per sample
+    ///                    `{key}.mean.bytes`, `{key}.logvar.bytes`, `{key}.t5.bytes`,
+    ///                    `{key}.clip.bytes` (npy, uint16 holding bf16); one .h5 per tar.
+    ///   --dir DIR        per-sample files `{key}.{field}.npy` or `{key}.safetensors`
+    ///                    (fields mean|latents, logvar, t5, clip; optional `{key}.txt`).
+    ///   --url BASE       streamed from HTTP: BASE/MANIFEST lists tar shards, BASE/MD5 their
+    ///                    digests; downloads run concurrently with retries and backoff, failures
+    ///                    are skipped and listed in OUT/failed_files.json.
+    /// Re-running resumes: shards already in OUT are skipped.
+    ///
+    /// Example: flux-hpc data ingest --url https://host/flux --manifest shards.txt \
+    ///            --md5 md5sums.txt --out data/train
+    Ingest(Box<IngestArgs>),
+    /// Check shards' structure and every dataset's CRC-32; lists each problem with its file.
+    ///
+    /// Example: flux-hpc data validate data/train
+    Validate {
+        /// Shard files or directories of them.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// How stored latents are normalised for training.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LatentNorm {
+    /// FLUX.1's autoencoder: 0.3611 · (z − 0.1159); for raw VAE outputs (MLPerf's).
+    Flux1,
+    /// Latents are stored normalised already.
+    Identity,
+}
+
+#[derive(Debug, Args)]
+struct IngestArgs {
+    /// Output directory for the shards.
+    #[arg(long)]
+    out: PathBuf,
+    /// WebDataset tar shards to convert.
+    #[arg(long, num_args = 1.., group = "source")]
+    tar: Vec<PathBuf>,
+    /// Directory of per-sample npy / safetensors files.
+    #[arg(long, group = "source")]
+    dir: Option<PathBuf>,
+    /// Base URL to stream tar shards from.
+    #[arg(long, group = "source", requires = "manifest")]
+    url: Option<String>,
+    /// Manifest file name under --url (one tar name per line).
+    #[arg(long)]
+    manifest: Option<String>,
+    /// MD5 list file name under --url (`md5sum` format).
+    #[arg(long)]
+    md5: Option<String>,
+    /// Concurrent downloads.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Downloaded files kept on disk at once (bounds disk use).
+    #[arg(long, default_value_t = 8)]
+    prefetch: usize,
+    /// Attempts per file before it is skipped.
+    #[arg(long, default_value_t = 6)]
+    attempts: u32,
+    /// First retry delay in milliseconds (doubles each retry, at most 60 s).
+    #[arg(long, default_value_t = 1000)]
+    backoff_ms: u64,
+    /// Directory for downloads in flight (default: OUT/.download).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Storage type of the shards.
+    #[arg(long, default_value = "bf16")]
+    dtype: StorageDtype,
+    /// Deflate level 1–9 (default: uncompressed).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=9))]
+    deflate: Option<u8>,
+    /// Samples per shard (only for --dir).
+    #[arg(long, default_value_t = 1024)]
+    samples_per_shard: usize,
+    /// Normalisation recorded for training.
+    #[arg(long, value_enum, default_value = "flux1")]
+    latent_norm: LatentNorm,
+    /// Name of the VAE recorded in the shards.
+    #[arg(long, default_value = "black-forest-labs/FLUX.1-dev:vae")]
+    vae_encoder: String,
+    /// Name of the text encoder recorded in the shards.
+    #[arg(long, default_value = "google/t5-v1_1-xxl")]
+    text_encoder: String,
+    /// Name of the pooled-text encoder recorded in the shards.
+    #[arg(long, default_value = "openai/clip-vit-large-patch14")]
+    pooled_encoder: String,
+}
+
+/// An indicatif bar over input files.
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn start(&self, total: u64) {
+        self.0.set_length(total);
+    }
+    fn skip(&self, n: u64) {
+        self.0.inc(n);
+    }
+    fn advance(&self, name: &str) {
+        self.0.set_message(name.to_string());
+        self.0.inc(1);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// Run the subcommand.
+pub fn run(args: DataArgs) -> Result<()> {
+    match args.command {
+        DataCommand::Ingest(args) => ingest(*args),
+        DataCommand::Validate { paths } => {
+            let report = validate(&paths)?;
+            for (path, samples) in &report.good {
+                println!("ok      {} ({samples} samples)", path.display());
+            }
+            for problem in &report.problems {
+                println!("FAILED  {problem}");
+            }
+            println!(
+                "{} shard(s) good with {} samples, {} problem(s)",
+                report.good.len(),
+                report.samples(),
+                report.problems.len()
+            );
+            if !report.problems.is_empty() {
+                bail!("{} shard(s) failed validation", report.problems.len());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn ingest(args: IngestArgs) -> Result<()> {
+    let options = IngestOptions {
+        layout: LayoutChoice {
+            dtype: args.dtype,
+            norm: match args.latent_norm {
+                LatentNorm::Flux1 => VaeNorm::FLUX1,
+                LatentNorm::Identity => VaeNorm {
+                    scaling_factor: 1.0,
+                    shift_factor: 0.0,
+                },
+            },
+            encoders: [args.vae_encoder, args.text_encoder, args.pooled_encoder],
+        },
+        deflate: args.deflate,
+        samples_per_shard: args.samples_per_shard,
+    };
+    let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} files {msg} [{elapsed} < {eta}]",
+    )?);
+    let progress = Bar(bar);
+    let summary: IngestSummary = if let Some(url) = args.url {
+        let source = HttpSource {
+            base_url: url,
+            manifest: args.manifest.expect("clap requires --manifest with --url"),
+            md5: args.md5,
+            concurrency: args.concurrency,
+            prefetch: args.prefetch,
+            retry: RetryPolicy {
+                max_attempts: args.attempts.max(1),
+                base_delay: Duration::from_millis(args.backoff_ms),
+                max_delay: Duration::from_secs(60),
+            },
+            work_dir: args.work_dir.unwrap_or_else(|| args.out.join(".download")),
+        };
+        ingest_http(&source, &args.out, &options, &progress)?
+    } else if let Some(dir) = args.dir {
+        ingest_dir(&dir, &args.out, &options, &progress)?
+    } else if !args.tar.is_empty() {
+        let mut tars = args.tar;
+        tars.sort();
+        ingest_tars(&tars, &args.out, &options, &progress)?
+    } else {
+        bail!("name a source: --tar FILES, --dir DIR or --url BASE (see --help)");
+    };
+    println!(
+        "wrote {} shard(s) with {} samples to {}; {} already present",
+        summary.written,
+        summary.samples,
+        args.out.display(),
+        summary.skipped
+    );
+    if !summary.failed.is_empty() {
+        println!(
+            "skipped {} file(s) after retries, listed in {}:",
+            summary.failed.len(),
+            args.out.join("failed_files.json").display()
+        );
+        for f in &summary.failed {
+            println!("  {}: {}", f.file, f.error);
+        }
+    }
+    Ok(())
+}
