@@ -267,7 +267,9 @@ impl<'a> Trainer<'a> {
         let groups = [group("params")?, group("exp_avg")?, group("exp_avg_sq")?];
         self.optimizer.load_state(checkpoint.optimizer_step, groups);
         self.step = checkpoint.step;
-        self.consumed = checkpoint.data.counter(self.data.epoch_len().unwrap_or(u64::MAX));
+        self.consumed = checkpoint
+            .data
+            .counter(self.data.epoch_len().unwrap_or(u64::MAX));
         Ok(())
     }
 

@@ -167,7 +167,7 @@ fn training_sections_are_validated_with_their_field_names() {
     );
     let err = parse_err("[data]\nsource = \"webdataset\"\n", &[]);
     assert!(
-        err.contains("data.source") && err.contains("webdataset"),
+        err.contains("line 2") && err.contains("unknown variant `webdataset`"),
         "{err}"
     );
     let err = parse_err("[checkpoint]\nkeep = 0\n", &[]);
