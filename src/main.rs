@@ -2,6 +2,7 @@
 
 mod check_parallel;
 mod ckpt_cmd;
+mod convert_cmd;
 mod data_cmd;
 mod demo;
 mod info;
@@ -63,6 +64,16 @@ enum Command {
     Ckpt(ckpt_cmd::CkptArgs),
     /// Ingest pre-encoded latents into HDF5 shards (tar, npy/safetensors, HTTP) and validate them.
     Data(data_cmd::DataArgs),
+    /// Convert FLUX.1 weights between BFL, diffusers and native checkpoints, tensor by tensor.
+    ///
+    /// The key mapping is the one the parity tests use; conversion is strict (every parameter
+    /// found with its shape, every tensor used) and checks headers before writing anything.
+    ///
+    /// Examples:
+    ///   flux-hpc convert --from bfl --to native flux1-dev.safetensors runs/ft \
+    ///     --config configs/flux_12b.toml --set model.guidance_embed=true
+    ///   flux-hpc convert --from native --to diffusers runs/ft out/transformer --dtype bf16
+    Convert(convert_cmd::ConvertArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -102,6 +113,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Convert(args) => convert_cmd::run(args),
         Command::Data(args) => data_cmd::run(args),
     };
     match result {

@@ -5,32 +5,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use common::fault_server::{Fault, FaultServer};
-use common::{assert_same_records, ok, records, temp_dir, train};
+use common::{assert_same_records, flux_hpc, ok, python, records, temp_dir, train};
 use flux_data::dataset::LatentDataset;
 use tch::Tensor;
-
-fn flux_hpc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("flux-hpc runs")
-}
 
 /// Sources written by tests/fixtures/make_latent_sources.py (NumPy, safetensors) into a fresh dir.
 fn sources(name: &str) -> PathBuf {
     let dir = temp_dir(name);
     std::fs::create_dir_all(&dir).unwrap();
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new(format!("{root}/.venv/bin/python"))
-        .arg(format!("{root}/tests/fixtures/make_latent_sources.py"))
-        .arg(&dir)
-        .output()
-        .expect("the venv's python runs");
-    ok(&out);
+    ok(&python("make_latent_sources.py", &[&dir]));
     dir
 }
 

@@ -9,6 +9,7 @@
 
 mod bf16;
 pub mod checkpoint;
+pub mod convert;
 pub mod dataset;
 mod error;
 mod h5attr;

@@ -54,6 +54,26 @@ pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
     .expect("flux-hpc runs")
 }
 
+/// `flux-hpc ARGS` run from the repository root.
+pub fn flux_hpc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("flux-hpc runs")
+}
+
+/// `.venv/bin/python SCRIPT ARGS` (a script under tests/fixtures) run from the repository root.
+pub fn python(script: &str, args: &[&Path]) -> Output {
+    let root = env!("CARGO_MANIFEST_DIR");
+    Command::new(format!("{root}/.venv/bin/python"))
+        .arg(format!("{root}/tests/fixtures/{script}"))
+        .args(args)
+        .current_dir(root)
+        .output()
+        .expect("the venv's python runs")
+}
+
 /// The run's metrics records.
 pub fn records(dir: &Path) -> Vec<Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))

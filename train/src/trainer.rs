@@ -264,7 +264,14 @@ impl<'a> Trainer<'a> {
                 })
                 .collect()
         };
-        let groups = [group("params")?, group("exp_avg")?, group("exp_avg_sq")?];
+        let params = group("params")?;
+        // A weights-only checkpoint (converted from BFL or diffusers) starts fresh moments.
+        let moments = |name: &str| match checkpoint.tensors.contains_key(name) {
+            true => group(name),
+            false => Ok(params.iter().map(tch::Tensor::zeros_like).collect()),
+        };
+        let (avg, avg_sq) = (moments("exp_avg")?, moments("exp_avg_sq")?);
+        let groups = [params, avg, avg_sq];
         self.optimizer.load_state(checkpoint.optimizer_step, groups);
         self.step = checkpoint.step;
         self.consumed = checkpoint

@@ -24,16 +24,33 @@ pub fn write_tensor(
             .flatten(0, -1),
     )
     .expect("f32 buffer");
-    let shape: Vec<usize> = tensor.size().iter().map(|&d| d as usize).collect();
+    let dtype = format!("{:?}", tensor.kind());
+    write_values(group, spec, &tensor.size(), &data, &dtype, path)
+}
+
+/// Write `values` (row-major, local shape `shape`, a shard of `spec`) as `group/name` in f32,
+/// with the shard attributes, the dtype name the values had in training and their CRC-32.
+pub fn write_values(
+    group: &hdf5::Group,
+    spec: &ParamSpec,
+    shape: &[i64],
+    values: &[f32],
+    dtype: &str,
+    path: &Path,
+) -> Result<(), DataError> {
     let name = &spec.name;
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
     let ds = group
         .new_dataset::<f32>()
-        .shape(shape)
+        .shape(dims)
         .create(name.as_str())
         .map_err(h5err(path, name))?;
-    ds.write_raw(&data).map_err(h5err(path, name))?;
-    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_u64(&ds, "crc32", crc32fast::hash(&bytes) as u64, path)?;
+    ds.write_raw(values).map_err(h5err(path, name))?;
+    let mut crc = crc32fast::Hasher::new();
+    for v in values {
+        crc.update(&v.to_le_bytes());
+    }
+    write_u64(&ds, "crc32", crc.finalize() as u64, path)?;
     write_i64s(&ds, "logical_shape", &spec.shape, path)?;
     write_i64s(
         &ds,
@@ -58,7 +75,7 @@ pub fn write_tensor(
             .join(","),
         path,
     )?;
-    write_str(&ds, "dtype", &format!("{:?}", tensor.kind()), path)
+    write_str(&ds, "dtype", dtype, path)
 }
 
 /// Read `group/name`: the tensor (in its saved dtype) and the spec it was a shard of (with the

@@ -10,6 +10,7 @@
 //! at one tensor-parallel size loads at any other.
 
 mod h5;
+mod reader;
 
 use std::collections::HashMap;
 use std::fs;
@@ -18,12 +19,13 @@ use std::path::{Path, PathBuf};
 use flux_model::tp::{Collective, ParamSpec, TpContext};
 use tch::Tensor;
 
-pub use h5::read_tensor;
+pub use h5::{read_tensor, write_values};
+pub use reader::{inspect, load, Reader};
 
 use crate::dataset::DataPosition;
 use crate::error::io;
 use crate::error::DataError;
-use crate::h5attr::{self, h5err, read_str, read_u64};
+use crate::h5attr::{self, h5err};
 
 /// Version written to every file; readers refuse others.
 pub const FORMAT_VERSION: u64 = 2;
@@ -100,6 +102,39 @@ fn settle(
     }
 }
 
+/// Root attributes of a checkpoint file.
+struct Header<'a> {
+    step: u64,
+    optimizer_step: u64,
+    tp_rank: usize,
+    tp_size: usize,
+    config: &'a str,
+    data: DataPosition,
+}
+
+/// Write `path` through `path.h5.tmp`: the header attributes, then `body`, then fsync and rename.
+fn write_h5(
+    path: &Path,
+    header: &Header,
+    body: impl FnOnce(&hdf5::File, &Path) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let tmp = path.with_extension("h5.tmp");
+    {
+        let file = hdf5::File::create(&tmp).map_err(h5err(&tmp, "create"))?;
+        h5attr::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
+        h5attr::write_u64(&file, "step", header.step, &tmp)?;
+        h5attr::write_u64(&file, "optimizer_step", header.optimizer_step, &tmp)?;
+        h5attr::write_u64(&file, "tp_rank", header.tp_rank as u64, &tmp)?;
+        h5attr::write_u64(&file, "tp_size", header.tp_size as u64, &tmp)?;
+        h5attr::write_str(&file, "config", header.config, &tmp)?;
+        h5attr::write_u64(&file, "data_epoch", header.data.epoch, &tmp)?;
+        h5attr::write_u64(&file, "data_index", header.data.index, &tmp)?;
+        body(&file, &tmp)?;
+    }
+    fsync(&tmp)?;
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
 fn write_file(
     path: &Path,
     state: &TrainingState,
@@ -107,26 +142,68 @@ fn write_file(
     tp_rank: usize,
     tp_size: usize,
 ) -> Result<(), DataError> {
-    let tmp = path.with_extension("h5.tmp");
-    {
-        let file = hdf5::File::create(&tmp).map_err(h5err(&tmp, "create"))?;
-        h5attr::write_u64(&file, "format_version", FORMAT_VERSION, &tmp)?;
-        h5attr::write_u64(&file, "step", state.step, &tmp)?;
-        h5attr::write_u64(&file, "optimizer_step", state.optimizer_step, &tmp)?;
-        h5attr::write_u64(&file, "tp_rank", tp_rank as u64, &tmp)?;
-        h5attr::write_u64(&file, "tp_size", tp_size as u64, &tmp)?;
-        h5attr::write_str(&file, "config", &state.config, &tmp)?;
-        h5attr::write_u64(&file, "data_epoch", state.data.epoch, &tmp)?;
-        h5attr::write_u64(&file, "data_index", state.data.index, &tmp)?;
+    let header = Header {
+        step: state.step,
+        optimizer_step: state.optimizer_step,
+        tp_rank,
+        tp_size,
+        config: &state.config,
+        data: state.data,
+    };
+    write_h5(path, &header, |file, tmp| {
         for (group, tensors) in GROUPS.iter().zip(&state.groups) {
-            let g = file.create_group(group).map_err(h5err(&tmp, group))?;
+            let g = file.create_group(group).map_err(h5err(tmp, group))?;
             for (spec, t) in specs.iter().zip(tensors) {
-                h5::write_tensor(&g, spec, t, &tmp)?;
+                h5::write_tensor(&g, spec, t, tmp)?;
             }
         }
+        Ok(())
+    })
+}
+
+/// Write a weights-only checkpoint `step_000000000/model.h5` (unified, `params` only, step 0)
+/// into the new run directory `run_dir` and point `latest` at it, pulling each logical tensor
+/// from `values` in `specs` order (one tensor in memory at a time), stored as f32 master weights.
+/// Training started in `run_dir` begins from these weights with fresh optimizer moments. Refuses
+/// a run directory that already has checkpoints.
+pub fn write_weights(
+    run_dir: &Path,
+    config: &str,
+    specs: &[ParamSpec],
+    mut values: impl FnMut(&ParamSpec) -> Result<Vec<f32>, DataError>,
+) -> Result<PathBuf, DataError> {
+    if run_dir.join("latest").exists() || !list(run_dir)?.is_empty() {
+        return Err(DataError::format(
+            run_dir,
+            "already holds checkpoints; convert into a new run directory",
+        ));
     }
-    fsync(&tmp)?;
-    fs::rename(&tmp, path).map_err(io(path))
+    let name = step_dir_name(0);
+    let (dir, partial) = (run_dir.join(&name), run_dir.join(format!("{name}.partial")));
+    let _ = fs::remove_dir_all(&partial);
+    fs::create_dir_all(&partial).map_err(io(&partial))?;
+    let header = Header {
+        step: 0,
+        optimizer_step: 0,
+        tp_rank: 0,
+        tp_size: 1,
+        config,
+        data: DataPosition::default(),
+    };
+    write_h5(&partial.join("model.h5"), &header, |file, tmp| {
+        let g = file.create_group("params").map_err(h5err(tmp, "params"))?;
+        for spec in specs {
+            let logical = ParamSpec {
+                tp_size: 1,
+                ..spec.clone()
+            };
+            let v = values(spec)?;
+            h5::write_values(&g, &logical, &spec.shape, &v, "Float", tmp)?;
+        }
+        Ok(())
+    })?;
+    publish(run_dir, &partial, &dir, &name, usize::MAX)?;
+    Ok(dir)
 }
 
 /// Write `state` as checkpoint `step` under `run_dir` (a collective over `world`: every rank calls
@@ -256,120 +333,4 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, DataError> {
         });
     }
     Ok(Some(dir))
-}
-
-/// The checkpoint's files, in tensor-parallel rank order, with their `tp_size`.
-fn files(dir: &Path) -> Result<(Vec<PathBuf>, usize), DataError> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(io(dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "h5"))
-        .collect();
-    files.sort();
-    let first = files.first().ok_or_else(|| DataError::Format {
-        path: dir.display().to_string(),
-        message: "holds no .h5 files".into(),
-    })?;
-    let tp_size = open(first)?.1 as usize;
-    if files.len() != tp_size {
-        return Err(DataError::Format {
-            path: dir.display().to_string(),
-            message: format!(
-                "written at tensor-parallel size {tp_size} but holds {} file(s)",
-                files.len()
-            ),
-        });
-    }
-    Ok((files, tp_size))
-}
-
-fn open(path: &Path) -> Result<(hdf5::File, u64), DataError> {
-    let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
-    let version = read_u64(&file, "format_version", path)?;
-    if version != FORMAT_VERSION {
-        return Err(DataError::Format {
-            path: path.display().to_string(),
-            message: format!("format version {version}, this build reads {FORMAT_VERSION}"),
-        });
-    }
-    let tp_size = read_u64(&file, "tp_size", path)?;
-    Ok((file, tp_size))
-}
-
-/// Read checkpoint `dir` and reassemble every logical tensor (checking every CRC).
-pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
-    let (paths, tp_size) = files(dir)?;
-    let opened = paths
-        .iter()
-        .map(|p| open(p).map(|(f, _)| f))
-        .collect::<Result<Vec<_>, _>>()?;
-    let first = &opened[0];
-    let mut tensors = HashMap::new();
-    for group in GROUPS {
-        let mut by_name = HashMap::new();
-        let names = first
-            .group(group)
-            .and_then(|g| g.member_names())
-            .map_err(h5err(&paths[0], group))?;
-        for name in names {
-            let mut shards = Vec::with_capacity(tp_size);
-            let mut spec = None;
-            for (file, path) in opened.iter().zip(&paths) {
-                let g = file.group(group).map_err(h5err(path, group))?;
-                let (t, s) = read_tensor(&g, &name, tp_size as i64, path)?;
-                shards.push(t);
-                spec = Some(s);
-            }
-            let spec = spec.expect("at least one file");
-            by_name.insert(name, spec.unshard(&shards));
-        }
-        tensors.insert(group.to_string(), by_name);
-    }
-    Ok(LoadedCheckpoint {
-        dir: dir.to_path_buf(),
-        step: read_u64(first, "step", &paths[0])?,
-        optimizer_step: read_u64(first, "optimizer_step", &paths[0])?,
-        config: read_str(first, "config", &paths[0])?,
-        data: DataPosition {
-            epoch: read_u64(first, "data_epoch", &paths[0])?,
-            index: read_u64(first, "data_index", &paths[0])?,
-        },
-        tensors,
-    })
-}
-
-/// One line per parameter of checkpoint `dir`: name, logical shape, dtype and shard layout.
-pub fn inspect(dir: &Path) -> Result<Vec<String>, DataError> {
-    let (paths, tp_size) = files(dir)?;
-    let (file, _) = open(&paths[0])?;
-    let step = read_u64(&file, "step", &paths[0])?;
-    let g = file.group("params").map_err(h5err(&paths[0], "params"))?;
-    let mut lines = vec![format!(
-        "{}: step {step}, {} file(s), tensor-parallel size {tp_size}",
-        dir.display(),
-        paths.len()
-    )];
-    let names = g.member_names().map_err(h5err(&paths[0], "params"))?;
-    for name in names {
-        let (t, spec) = read_tensor(&g, &name, tp_size as i64, &paths[0])?;
-        let split = match spec.split_dim {
-            None => "replicated".to_string(),
-            Some(d) if spec.parts.is_empty() => format!("split dim {d}"),
-            Some(d) => format!(
-                "split dim {d} in parts [{}]",
-                spec.parts
-                    .iter()
-                    .map(|(n, s)| format!("{n}={s}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        lines.push(format!(
-            "  {name:<60} {:?} {:?} (local {:?}) {split}",
-            spec.shape,
-            t.kind(),
-            t.size()
-        ));
-    }
-    Ok(lines)
 }

@@ -1,0 +1,385 @@
+//! `flux-hpc convert`: FLUX.1 weights between BFL safetensors, diffusers safetensors and native
+//! checkpoints, one tensor at a time. The key mapping is the model crate's table
+//! ([`flux_model::convert`]), shared with the loader the parity tests use.
+//!
+//! Every conversion reads the source's logical native tensors in parameter order and hands each
+//! to the sink, so resident memory stays a few copies of the largest tensor, not the model.
+
+mod safetensors_stream;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use flux_model::convert::{source as external_source, table::Combine, Layout};
+use flux_model::tp::ParamSpec;
+use flux_model::FluxConfig;
+
+pub use safetensors_stream::{write_streaming, SafetensorsReader, TensorInfo};
+
+use crate::checkpoint::{self, Reader};
+use crate::dataset::StorageDtype;
+use crate::error::{io, DataError};
+
+/// A checkpoint format `convert` reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A flux-hpc checkpoint directory (`step_*/`, any tensor-parallel size) to read, or a new
+    /// run directory to write a weights-only `step_000000000/` into.
+    Native,
+    /// A FLUX.1 safetensors layout: a file, or a directory holding the weights (diffusers:
+    /// `diffusion_pytorch_model.safetensors` or its sharded index).
+    External(Layout),
+}
+
+/// What a conversion wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertReport {
+    /// Where it was written.
+    pub output: PathBuf,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Parameters written.
+    pub params: u64,
+}
+
+/// External weights: one or more safetensors files and which file holds each key.
+struct External {
+    files: Vec<SafetensorsReader>,
+    by_key: HashMap<String, usize>,
+    layout: Layout,
+    config: FluxConfig,
+}
+
+/// The safetensors files of `input`: a file, a diffusers directory, or a sharded index.
+fn external_files(input: &Path) -> Result<Vec<PathBuf>, DataError> {
+    if !input.is_dir() {
+        return Ok(vec![input.to_path_buf()]);
+    }
+    let single = input.join("diffusion_pytorch_model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index = input.join("diffusion_pytorch_model.safetensors.index.json");
+    if index.exists() {
+        let text = fs::read_to_string(&index).map_err(io(&index))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| DataError::format(&index, format!("not JSON: {e}")))?;
+        let names: BTreeSet<&str> = json["weight_map"]
+            .as_object()
+            .ok_or_else(|| DataError::format(&index, "no `weight_map` object"))?
+            .values()
+            .filter_map(|v| v.as_str())
+            .collect();
+        return Ok(names.into_iter().map(|n| input.join(n)).collect());
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(input)
+        .map_err(io(input))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::format(input, "holds no .safetensors files"));
+    }
+    Ok(files)
+}
+
+impl External {
+    fn open(input: &Path, layout: Layout, config: &FluxConfig) -> Result<Self, DataError> {
+        let files = external_files(input)?
+            .iter()
+            .map(|p| SafetensorsReader::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut by_key = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
+            for key in f.tensors().keys() {
+                by_key.insert(key.clone(), i);
+            }
+        }
+        Ok(Self {
+            files,
+            by_key,
+            layout,
+            config: config.clone(),
+        })
+    }
+
+    fn fail(&self, message: String) -> DataError {
+        DataError::format(
+            self.files.first().map_or(Path::new("?"), |f| f.path()),
+            message,
+        )
+    }
+
+    /// Check, from the headers alone, that every parameter of `specs` is found with its shape and
+    /// that every tensor is used — before anything is written.
+    fn check(&self, specs: &[ParamSpec]) -> Result<(), DataError> {
+        let mut used = BTreeSet::new();
+        for spec in specs {
+            let src = external_source(&spec.name, self.layout, &self.config).ok_or_else(|| {
+                self.fail(format!("no {:?} name for `{}`", self.layout, spec.name))
+            })?;
+            let mut rows = 0;
+            for key in &src.keys {
+                let info = self.info(key, &spec.name)?;
+                let (head, tail) = info.shape.split_first().unzip();
+                let tail_ok = tail.is_some_and(|t| {
+                    t.iter()
+                        .map(|&d| d as i64)
+                        .eq(spec.shape[1..].iter().copied())
+                });
+                if !tail_ok
+                    || (src.combine != Combine::Stack && info.shape.len() != spec.shape.len())
+                {
+                    return Err(self.fail(format!(
+                        "`{key}` has shape {:?}, `{}` needs {:?}",
+                        info.shape, spec.name, spec.shape
+                    )));
+                }
+                rows += head.copied().unwrap_or(0) as i64;
+                used.insert(key.clone());
+            }
+            if rows != spec.shape[0] {
+                return Err(self.fail(format!(
+                    "{:?} give {rows} rows, `{}` needs {:?}",
+                    src.keys, spec.name, spec.shape
+                )));
+            }
+        }
+        let unused: Vec<&String> = self.by_key.keys().filter(|k| !used.contains(*k)).collect();
+        if let Some(first) = unused.iter().min() {
+            return Err(self.fail(format!(
+                "{} tensor(s) are not used by this config (e.g. `{first}`): is it the right config?",
+                unused.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn info(&self, key: &str, native: &str) -> Result<&TensorInfo, DataError> {
+        self.by_key
+            .get(key)
+            .and_then(|&i| self.files[i].tensors().get(key))
+            .ok_or_else(|| self.fail(format!("missing tensor `{key}` (needed for `{native}`)")))
+    }
+
+    fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, DataError> {
+        let src =
+            external_source(&spec.name, self.layout, &self.config).expect("checked before reading");
+        let mut values = Vec::with_capacity(spec.numel() as usize);
+        for key in &src.keys {
+            values.extend(self.files[self.by_key[key]].read_f32(key)?);
+        }
+        if src.combine == Combine::SwapHalves {
+            let half = values.len() / 2;
+            values.rotate_left(half);
+        }
+        Ok(values)
+    }
+}
+
+/// The external tensors of native `spec`: `(key, shape, flat range of the native values)`, the
+/// halves swapped back for `SwapHalves`.
+fn external_parts(
+    spec: &ParamSpec,
+    layout: Layout,
+    config: &FluxConfig,
+) -> Vec<(String, Vec<usize>, std::ops::Range<usize>)> {
+    let src = external_source(&spec.name, layout, config).expect("every native name has a row");
+    let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
+    let row: usize = shape[1..].iter().product();
+    let rows: Vec<usize> = if src.keys.len() == 1 {
+        vec![shape[0]]
+    } else if spec.parts.len() == src.keys.len() {
+        spec.parts.iter().map(|p| p.1 as usize).collect()
+    } else {
+        vec![shape[0] / src.keys.len(); src.keys.len()]
+    };
+    let mut start = 0;
+    src.keys
+        .into_iter()
+        .zip(rows)
+        .map(|(key, n)| {
+            let mut part_shape = shape.clone();
+            part_shape[0] = n;
+            let range = start * row..(start + n) * row;
+            start += n;
+            (key, part_shape, range)
+        })
+        .collect()
+}
+
+/// diffusers' `config.json` for `config`; fails for configs diffusers cannot express.
+pub fn diffusers_config(config: &FluxConfig) -> Result<serde_json::Value, String> {
+    let fixed = [
+        (config.patch_size == 1, "model.patch_size must be 1"),
+        (
+            config.model_channels == 256,
+            "model.model_channels must be 256",
+        ),
+        (config.mlp_ratio == 4.0, "model.mlp_ratio must be 4"),
+        (config.theta == 10000.0, "model.theta must be 10000"),
+    ];
+    if let Some((_, why)) = fixed.iter().find(|(ok, _)| !ok) {
+        return Err(format!(
+            "diffusers' FluxTransformer2DModel cannot express this config: {why}"
+        ));
+    }
+    Ok(serde_json::json!({
+        "_class_name": "FluxTransformer2DModel",
+        "patch_size": 1,
+        "in_channels": config.in_channels,
+        "out_channels": config.in_channels,
+        "num_layers": config.num_joint_layers,
+        "num_single_layers": config.num_single_layers,
+        "attention_head_dim": config.head_dim(),
+        "num_attention_heads": config.num_attention_heads,
+        "joint_attention_dim": config.context_dim,
+        "pooled_projection_dim": config.vec_in_dim,
+        "guidance_embeds": config.guidance_embed,
+        "axes_dims_rope": config.axes_dim,
+    }))
+}
+
+/// Where logical native tensors are read from.
+enum Source {
+    /// A native checkpoint (any tensor-parallel size).
+    Native(Reader, PathBuf),
+    /// External safetensors.
+    External(External),
+}
+
+impl Source {
+    /// Open `input` and check, before anything is written, that it holds exactly the parameters
+    /// of `specs` (external sources: with their shapes, from the headers).
+    fn open(
+        from: Format,
+        input: &Path,
+        config: &FluxConfig,
+        specs: &[ParamSpec],
+    ) -> Result<Self, DataError> {
+        match from {
+            Format::Native => {
+                let reader = Reader::open(input)?;
+                let names: BTreeSet<String> = reader.names("params")?.into_iter().collect();
+                let wanted: BTreeSet<String> = specs.iter().map(|s| s.name.clone()).collect();
+                if names != wanted {
+                    return Err(DataError::format(
+                        input,
+                        format!(
+                            "parameters differ from the config: missing {:?}, unexpected {:?}",
+                            wanted.difference(&names).next(),
+                            names.difference(&wanted).next()
+                        ),
+                    ));
+                }
+                Ok(Self::Native(reader, input.to_path_buf()))
+            }
+            Format::External(layout) => {
+                let external = External::open(input, layout, config)?;
+                external.check(specs)?;
+                Ok(Self::External(external))
+            }
+        }
+    }
+
+    /// The logical values of `spec`, row-major f32.
+    fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, DataError> {
+        match self {
+            Self::External(external) => external.read(spec),
+            Self::Native(reader, input) => {
+                let t = reader.logical("params", &spec.name)?;
+                if t.size() != spec.shape {
+                    return Err(DataError::format(
+                        input,
+                        format!(
+                            "`{}` has shape {:?}, the config needs {:?}",
+                            spec.name,
+                            t.size(),
+                            spec.shape
+                        ),
+                    ));
+                }
+                Ok(
+                    Vec::<f32>::try_from(t.to_kind(tch::Kind::Float).flatten(0, -1))
+                        .expect("f32 tensor"),
+                )
+            }
+        }
+    }
+}
+
+/// Convert `input` in format `from` to `output` in format `to` for a model of `config`
+/// (`run_config` is the TOML stored in native checkpoints). External output is written in
+/// `dtype`; native output is f32. Nothing is written unless the input fits the config.
+pub fn convert(
+    from: Format,
+    input: &Path,
+    to: Format,
+    output: &Path,
+    config: &FluxConfig,
+    run_config: &str,
+    dtype: StorageDtype,
+) -> Result<ConvertReport, DataError> {
+    let specs: Vec<ParamSpec> = config.param_layout();
+    let source = Source::open(from, input, config, &specs)?;
+    let mut read = |spec: &ParamSpec| source.read(spec);
+    let params = specs.iter().map(ParamSpec::numel).sum();
+    match to {
+        Format::Native => {
+            let dir = checkpoint::write_weights(output, run_config, &specs, &mut read)?;
+            Ok(ConvertReport {
+                output: dir,
+                tensors: specs.len(),
+                params,
+            })
+        }
+        Format::External(layout) => {
+            let file = match layout {
+                Layout::Diffusers => {
+                    let json =
+                        diffusers_config(config).map_err(|m| DataError::format(output, m))?;
+                    fs::create_dir_all(output).map_err(io(output))?;
+                    let path = output.join("config.json");
+                    let text = serde_json::to_string_pretty(&json).expect("JSON serialises");
+                    fs::write(&path, text + "\n").map_err(io(&path))?;
+                    output.join("diffusion_pytorch_model.safetensors")
+                }
+                Layout::Bfl => output.to_path_buf(),
+            };
+            let mut plan = Vec::new();
+            let mut owner = Vec::new();
+            for (i, spec) in specs.iter().enumerate() {
+                for (key, shape, range) in external_parts(spec, layout, config) {
+                    plan.push((key, shape));
+                    owner.push((i, range));
+                }
+            }
+            let metadata = BTreeMap::from([
+                ("format".to_string(), "pt".to_string()),
+                ("producer".to_string(), "flux-hpc convert".to_string()),
+            ]);
+            let mut cached: Option<(usize, Vec<f32>)> = None;
+            write_streaming(&file, dtype, &plan, &metadata, |k| {
+                let (i, range) = owner[k].clone();
+                if cached.as_ref().is_none_or(|(c, _)| *c != i) {
+                    let mut v = read(&specs[i])?;
+                    if external_source(&specs[i].name, layout, config)
+                        .is_some_and(|s| s.combine == Combine::SwapHalves)
+                    {
+                        let half = v.len() / 2;
+                        v.rotate_left(half);
+                    }
+                    cached = Some((i, v));
+                }
+                Ok(cached.as_ref().expect("filled above").1[range].to_vec())
+            })?;
+            Ok(ConvertReport {
+                output: file,
+                tensors: plan.len(),
+                params,
+            })
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `flux-hpc convert` end to end: a trained native checkpoint exported to diffusers runs in the
+//! diffusers `FluxTransformer2DModel` with flux-hpc's forward (1e-4, f32), BFL round trips are
+//! exact, a converted checkpoint starts training, and a mismatched config writes nothing.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{flux_hpc, ok, python, records, temp_dir, train};
+use flux_data::checkpoint;
+use flux_model::{Flux, FluxInput};
+use flux_train::RunConfig;
+use tch::{Device, Tensor};
+
+/// f32 forward of two implementations: only the order of sums differs.
+const TOLERANCE: f64 = 1e-4;
+
+/// flux_tiny with diffusers' fixed 256-channel timestep embedding, trained for 3 steps.
+fn trained(name: &str) -> std::path::PathBuf {
+    let dir = temp_dir(name);
+    ok(&train(
+        None,
+        &dir.join("run"),
+        &["model.model_channels=256", "training.total_steps=3"],
+    ));
+    dir
+}
+
+fn model_from(ckpt: &std::path::Path) -> Flux {
+    let loaded = checkpoint::load(ckpt).unwrap();
+    let run = RunConfig::parse(&loaded.config, "checkpoint", &[]).unwrap();
+    let mut model = Flux::new(&run.model, Device::Cpu).unwrap();
+    model.store.load_logical(&loaded.tensors["params"]).unwrap();
+    model
+}
+
+#[test]
+fn native_weights_exported_to_diffusers_give_the_same_forward_in_diffusers() {
+    let dir = trained("to-diffusers");
+    let (run, export) = (dir.join("run"), dir.join("diffusers"));
+    ok(&flux_hpc(&[
+        "convert",
+        "--from",
+        "native",
+        "--to",
+        "diffusers",
+        run.to_str().unwrap(),
+        export.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ]));
+    let io_path = dir.join("io.safetensors");
+    ok(&python("diffusers_forward.py", &[&export, &io_path]));
+
+    let model = model_from(&run.join("step_000000003"));
+    let io: HashMap<String, Tensor> = Tensor::read_safetensors(&io_path)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let input = FluxInput {
+        img: &io["img"],
+        txt: &io["txt"],
+        y: &io["y"],
+        timesteps: &io["timesteps"],
+        img_ids: &io["img_ids"],
+        txt_ids: &io["txt_ids"],
+        guidance: io.get("guidance"),
+    };
+    let out = tch::no_grad(|| model.forward(&input)).unwrap();
+    let err = (&out - &io["out"]).abs().max().double_value(&[]);
+    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bfl_round_trip_is_exact_and_a_converted_checkpoint_starts_training() {
+    let dir = trained("bfl-round-trip");
+    let (run, bfl, back) = (
+        dir.join("run"),
+        dir.join("flux.safetensors"),
+        dir.join("back"),
+    );
+    let config = dir.join("run/config.toml");
+    for (from, to, input, output) in [
+        ("native", "bfl", &run, &bfl),
+        ("bfl", "native", &bfl, &back),
+    ] {
+        let mut args = vec!["convert", "--from", from, "--to", to];
+        args.extend([input.to_str().unwrap(), output.to_str().unwrap()]);
+        args.extend(["--dtype", "f32", "--config", config.to_str().unwrap()]);
+        ok(&flux_hpc(&args));
+    }
+    let (a, b) = (
+        checkpoint::load(&run.join("step_000000003")).unwrap(),
+        checkpoint::load(&back.join("step_000000000")).unwrap(),
+    );
+    assert!(!b.tensors.contains_key("exp_avg"), "weights only");
+    assert_eq!(a.tensors["params"].len(), b.tensors["params"].len());
+    for (name, t) in &a.tensors["params"] {
+        assert!(t.equal(&b.tensors["params"][name]), "{name} changed");
+    }
+
+    // Training in the converted run directory starts from the converted weights: its held-out
+    // loss before the first step is the trained run's final one.
+    ok(&train(
+        None,
+        &back,
+        &["model.model_channels=256", "training.total_steps=1"],
+    ));
+    let (trained, resumed) = (records(&run), records(&back));
+    let last = trained.last().unwrap()["eval_loss"].as_f64().unwrap();
+    let first = resumed[0]["eval_loss"].as_f64().unwrap();
+    assert!(
+        (last - first).abs() <= 1e-6 * last.abs(),
+        "{last} vs {first}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn weights_that_do_not_fit_the_config_are_refused_before_writing() {
+    let dir = trained("misfit");
+    let bfl = dir.join("flux.safetensors");
+    ok(&flux_hpc(&[
+        "convert",
+        "--from",
+        "native",
+        "--to",
+        "bfl",
+        dir.join("run").to_str().unwrap(),
+        bfl.to_str().unwrap(),
+    ]));
+    let out_dir = dir.join("out");
+    let out = flux_hpc(&[
+        "convert",
+        "--from",
+        "bfl",
+        "--to",
+        "native",
+        bfl.to_str().unwrap(),
+        out_dir.to_str().unwrap(),
+        "--config",
+        "configs/flux_tiny.toml",
+        "--set",
+        "model.model_channels=256",
+        "--set",
+        "model.guidance_embed=false",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tensor(s) are not used by this config (e.g. `guidance_in."),
+        "{stderr}"
+    );
+    assert!(!out_dir.exists(), "nothing written");
+    std::fs::remove_dir_all(dir).unwrap();
+}
