@@ -46,11 +46,7 @@ pub fn write_values(
         .create(name.as_str())
         .map_err(h5err(path, name))?;
     ds.write_raw(values).map_err(h5err(path, name))?;
-    let mut crc = crc32fast::Hasher::new();
-    for v in values {
-        crc.update(&v.to_le_bytes());
-    }
-    write_u64(&ds, "crc32", crc.finalize() as u64, path)?;
+    write_u64(&ds, "crc32", crc32_f32(values) as u64, path)?;
     write_i64s(&ds, "logical_shape", &spec.shape, path)?;
     write_i64s(
         &ds,
@@ -78,24 +74,46 @@ pub fn write_values(
     write_str(&ds, "dtype", dtype, path)
 }
 
-/// Read `group/name`: the tensor (in its saved dtype) and the spec it was a shard of (with the
-/// file's `tp_size`). Fails on a CRC mismatch, naming the file and dataset.
-pub fn read_tensor(
+/// CRC-32 of `values`' little-endian bytes, hashed in blocks (no full byte copy).
+pub fn crc32_f32(values: &[f32]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    let mut block = Vec::with_capacity(4 << 16);
+    for chunk in values.chunks(1 << 16) {
+        block.clear();
+        block.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+        crc.update(&block);
+    }
+    crc.finalize()
+}
+
+/// One stored dataset: its values, local shape, training dtype and the shard spec it belongs to.
+pub struct StoredShard {
+    /// Row-major f32 values.
+    pub values: Vec<f32>,
+    /// Local (this file's) shape.
+    pub shape: Vec<i64>,
+    /// The dtype the tensor had in training.
+    pub kind: Kind,
+    /// The logical tensor's layout (with the file's `tp_size`).
+    pub spec: ParamSpec,
+}
+
+/// Read `group/name` and its shard attributes (with the file's `tp_size`). Fails on a CRC
+/// mismatch, naming the file and dataset.
+pub fn read_values(
     group: &hdf5::Group,
     name: &str,
     tp_size: i64,
     path: &Path,
-) -> Result<(Tensor, ParamSpec), DataError> {
+) -> Result<StoredShard, DataError> {
     let ds = group.dataset(name).map_err(h5err(path, name))?;
-    let data = ds.read_raw::<f32>().map_err(h5err(path, name))?;
-    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    if crc32fast::hash(&bytes) as u64 != read_u64(&ds, "crc32", path)? {
+    let values = ds.read_raw::<f32>().map_err(h5err(path, name))?;
+    if crc32_f32(&values) as u64 != read_u64(&ds, "crc32", path)? {
         return Err(DataError::Corrupt {
             path: path.display().to_string(),
             dataset: name.to_string(),
         });
     }
-    let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
     let split = read_i64s(&ds, "split_dim", path)?;
     let sizes = read_i64s(&ds, "part_sizes", path)?;
     let names = read_str(&ds, "part_names", path)?;
@@ -118,10 +136,24 @@ pub fn read_tensor(
         tp_size,
         grad_sync: GradSync::Complete,
     };
-    Ok((
-        Tensor::from_slice(&data)
-            .view(shape.as_slice())
-            .to_kind(kind),
+    Ok(StoredShard {
+        values,
+        shape: ds.shape().iter().map(|&d| d as i64).collect(),
+        kind,
         spec,
-    ))
+    })
+}
+
+/// Read `group/name` as a tensor (in its saved dtype) with the spec it was a shard of.
+pub fn read_tensor(
+    group: &hdf5::Group,
+    name: &str,
+    tp_size: i64,
+    path: &Path,
+) -> Result<(Tensor, ParamSpec), DataError> {
+    let s = read_values(group, name, tp_size, path)?;
+    let t = Tensor::from_slice(&s.values)
+        .view(s.shape.as_slice())
+        .to_kind(s.kind);
+    Ok((t, s.spec))
 }

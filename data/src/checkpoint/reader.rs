@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
-use crate::checkpoint::h5::read_tensor;
+use crate::checkpoint::h5::{read_tensor, read_values};
 use crate::checkpoint::{LoadedCheckpoint, FORMAT_VERSION, GROUPS};
 use crate::dataset::DataPosition;
 use crate::error::{io, DataError};
@@ -108,6 +108,19 @@ impl Reader {
             spec = Some(s);
         }
         Ok(spec.expect("at least one file").unshard(&shards))
+    }
+
+    /// The logical tensor `group/name` as row-major f32 values; a single-file checkpoint is
+    /// read without an intermediate tensor.
+    pub fn logical_values(&self, group: &str, name: &str) -> Result<Vec<f32>, DataError> {
+        if self.tp_size == 1 {
+            let g = self.files[0]
+                .group(group)
+                .map_err(h5err(&self.paths[0], group))?;
+            return Ok(read_values(&g, name, 1, &self.paths[0])?.values);
+        }
+        let t = self.logical(group, name)?.to_kind(tch::Kind::Float);
+        Ok(Vec::<f32>::try_from(t.flatten(0, -1)).expect("an f32 tensor"))
     }
 
     /// One line per parameter: name, logical shape, dtype and shard layout.

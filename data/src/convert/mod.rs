@@ -289,22 +289,20 @@ impl Source {
         match self {
             Self::External(external) => external.read(spec),
             Self::Native(reader, input) => {
-                let t = reader.logical("params", &spec.name)?;
-                if t.size() != spec.shape {
+                let values = reader.logical_values("params", &spec.name)?;
+                if values.len() as u64 != spec.numel() {
                     return Err(DataError::format(
                         input,
                         format!(
-                            "`{}` has shape {:?}, the config needs {:?}",
+                            "`{}` holds {} values, the config's shape {:?} needs {}",
                             spec.name,
-                            t.size(),
-                            spec.shape
+                            values.len(),
+                            spec.shape,
+                            spec.numel()
                         ),
                     ));
                 }
-                Ok(
-                    Vec::<f32>::try_from(t.to_kind(tch::Kind::Float).flatten(0, -1))
-                        .expect("f32 tensor"),
-                )
+                Ok(values)
             }
         }
     }

@@ -204,7 +204,7 @@ pub fn write_streaming(
                 format!("`{name}`: {} values for shape {shape:?}", v.len()),
             ));
         }
-        out.write_all(&Values::encode(dtype, &v).le_bytes())
+        out.write_all(&Values::encode_le_bytes(dtype, &v))
             .map_err(io(&tmp))?;
     }
     let file = out.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;

@@ -83,6 +83,21 @@ impl Values {
         }
     }
 
+    /// The little-endian bytes of `values` rounded to `dtype`, without an intermediate vector.
+    pub fn encode_le_bytes(dtype: StorageDtype, values: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(values.len() * dtype.size());
+        match dtype {
+            StorageDtype::Bf16 => {
+                out.extend(values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()))
+            }
+            StorageDtype::F16 => {
+                out.extend(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()))
+            }
+            StorageDtype::F32 => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+        }
+        out
+    }
+
     /// The values as f32 (exact for every stored type).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
