@@ -3,7 +3,8 @@
 #
 #   bash scripts/setup.sh
 #
-# 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI).
+# 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI, Slurm and munge
+#    for the local test cluster of scripts/slurm-local.sh).
 # 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
 #    and the reference packages used to make test fixtures (diffusers, safetensors).
 # 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
@@ -17,7 +18,7 @@ cd "$root"
 TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
 APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
-              libopenmpi-dev openmpi-bin fonts-dejavu-core)
+              libopenmpi-dev openmpi-bin fonts-dejavu-core slurm-wlm munge)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 

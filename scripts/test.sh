@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole flux-hpc test suite: set-up (idempotent), reference fixtures, lints, tests.
+# Run the whole flux-hpc test suite: set-up (idempotent), reference fixtures, lints, a local
+# one-node Slurm, tests.
 #
 #   bash scripts/test.sh
 set -euo pipefail
@@ -20,5 +21,14 @@ echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
 echo "[test] cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The Slurm tests submit to a one-node cluster on this machine; start it for the run (the tests
+# would start it themselves) and stop it afterwards unless it was already running.
+if bash scripts/slurm-local.sh status >/dev/null 2>&1; then
+    echo "[test] using the running local Slurm"
+else
+    bash scripts/slurm-local.sh start >/dev/null
+    trap 'bash scripts/slurm-local.sh stop' EXIT
+fi
+
 echo "[test] cargo test"
 cargo test --workspace

@@ -8,8 +8,10 @@ mod demo;
 mod info;
 mod resolution;
 mod sample_cmd;
+mod slurm_cmd;
 mod train_cmd;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -74,6 +76,25 @@ enum Command {
     ///     --config configs/flux_12b.toml --set model.guidance_embed=true
     ///   flux-hpc convert --from native --to diffusers runs/ft out/transformer --dtype bf16
     Convert(convert_cmd::ConvertArgs),
+    /// Submit the run to Slurm: render the batch script ([slurm] table), write it into the run
+    /// directory, `sbatch --parsable` it, print the job id.
+    ///
+    /// The script asks for the warning signal (--signal=B:USR1@lead); training then checkpoints,
+    /// requeues the job and resumes from `latest` when it restarts — for preemption, and for runs
+    /// longer than the time limit. `[slurm] sweep` makes an array job, one override list per task.
+    ///
+    /// Example: flux-hpc sbatch configs/flux_12b.toml --set slurm.nodes=16 --dry-run
+    Sbatch(slurm_cmd::SbatchArgs),
+    /// Show the run's Slurm jobs (state, run time, restarts) and its latest checkpoint and step.
+    Status(slurm_cmd::JobArgs),
+    /// Print the end of the run's latest job output (or --job ID).
+    Logs(slurm_cmd::LogsArgs),
+    /// Cancel the run's latest Slurm job (or --job ID); --dry-run says what it would cancel.
+    Cancel(slurm_cmd::CancelArgs),
+    /// Run the training locally under `mpirun -np N` (laptops, workstations).
+    ///
+    /// Example: flux-hpc launch -n 2 configs/flux_tiny.toml --set training.total_steps=50
+    Launch(slurm_cmd::LaunchArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -105,6 +126,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result: Result<()> = match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
@@ -114,6 +136,11 @@ fn main() -> ExitCode {
         Command::Sample(args) => sample_cmd::run(args),
         Command::Ckpt(args) => ckpt_cmd::run(args),
         Command::Convert(args) => convert_cmd::run(args),
+        Command::Sbatch(args) => slurm_cmd::sbatch(args),
+        Command::Status(args) => slurm_cmd::status(args),
+        Command::Logs(args) => slurm_cmd::logs(args),
+        Command::Cancel(args) => slurm_cmd::cancel(args),
+        Command::Launch(args) => slurm_cmd::launch(args),
         Command::Data(args) => data_cmd::run(args),
     };
     match result {

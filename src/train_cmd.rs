@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use flux_cluster::{ParallelWorld, Placement};
+use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
 use flux_data::checkpoint::{self, CheckpointLayout};
+use flux_model::tp::Collective;
 use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
 use flux_train::{CheckpointFormat, RunConfig, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -32,6 +33,7 @@ pub struct TrainArgs {
 /// `metrics.jsonl`, `loss_curve.png`, `config.toml` and `final.safetensors` into that directory.
 pub fn run(args: TrainArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
+    let signals = StopSignals::install(&run.slurm.signal).context("installing signal handlers")?;
     let placement = Placement::from_env()?;
     let world =
         ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
@@ -144,9 +146,21 @@ pub fn run(args: TrainArgs) -> Result<()> {
             record(r, &mut metrics)?;
         }
         let interval = run.checkpoint.interval;
-        if last || (interval > 0 && step % interval == 0) {
+        let saved = last || (interval > 0 && step % interval == 0);
+        if saved {
             let written = save(&trainer)?;
             tracing::debug!("checkpoint {}", written.display());
+        }
+        let request = agreed_request(&signals, world.world.as_ref());
+        if request != StopRequest::Continue && !last {
+            bar.finish_and_clear();
+            if !saved {
+                save(&trainer)?;
+            }
+            if leader {
+                stop_for_signal(request, step, &run)?;
+            }
+            return Ok(());
         }
     }
     bar.finish_and_clear();
@@ -166,6 +180,40 @@ pub fn run(args: TrainArgs) -> Result<()> {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
         Tensor::write_safetensors(&weights, dir.join("final.safetensors"))?;
         summarize(&records, start, dir);
+    }
+    Ok(())
+}
+
+/// The stop request every rank agrees on (an all-reduce over the world), so all ranks leave the
+/// loop after the same step even when the signal reached them at different times.
+fn agreed_request(signals: &StopSignals, world: &dyn Collective) -> StopRequest {
+    let mut flags = match signals.request() {
+        StopRequest::Continue => [0f32, 0.0],
+        StopRequest::Requeue => [1.0, 0.0],
+        StopRequest::Stop => [0.0, 1.0],
+    };
+    world.all_reduce_sum(&mut flags);
+    if flags[1] > 0.0 {
+        StopRequest::Stop
+    } else if flags[0] > 0.0 {
+        StopRequest::Requeue
+    } else {
+        StopRequest::Continue
+    }
+}
+
+/// After the checkpoint of `step`: requeue the Slurm job for the warning signal (when running
+/// under Slurm with `[slurm] requeue`), and say how the run continues.
+fn stop_for_signal(request: StopRequest, step: u64, run: &RunConfig) -> Result<()> {
+    let job = std::env::var("SLURM_JOB_ID").ok();
+    match (request, job) {
+        (StopRequest::Requeue, Some(job)) if run.slurm.requeue => {
+            println!("signal: checkpoint at step {step} written; requeueing Slurm job {job}");
+            slurm::requeue(&job)?;
+        }
+        _ => println!(
+            "signal: checkpoint at step {step} written; run the same command again to resume"
+        ),
     }
     Ok(())
 }

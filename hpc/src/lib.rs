@@ -2,12 +2,16 @@
 //!
 //! Where a flux-hpc process runs: the MPI world split into tensor- and data-parallel groups, its
 //! rank and node-local rank from the MPI launcher's or Slurm's environment, the device it should
-//! use, and how many compute threads it may take.
+//! use, and how many compute threads it may take; Slurm batch scripts and commands, and the
+//! signals that ask a run to checkpoint and stop.
 
 mod device;
 mod mpi_groups;
 mod placement;
+mod signals;
+pub mod slurm;
 
 pub use device::{DeviceChoice, DeviceError};
 pub use mpi_groups::{LayoutError, MpiGroup, ParallelWorld};
 pub use placement::{Placement, PlacementError};
+pub use signals::{StopRequest, StopSignals};

@@ -56,8 +56,14 @@ pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
 
 /// `flux-hpc ARGS` run from the repository root.
 pub fn flux_hpc(args: &[&str]) -> Output {
+    flux_hpc_with(args, &[])
+}
+
+/// `flux-hpc ARGS` run from the repository root with extra environment variables.
+pub fn flux_hpc_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("flux-hpc runs")

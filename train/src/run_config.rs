@@ -14,6 +14,7 @@
 
 use std::path::Path;
 
+use flux_cluster::slurm::SlurmConfig;
 use flux_model::{ConfigError, FluxConfig};
 
 use crate::sections::{CheckpointConfig, DataConfig, OptimizationConfig, TrainingConfig};
@@ -93,6 +94,9 @@ pub struct RunConfig {
     /// `[checkpoint]`.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    /// `[slurm]`: how `flux-hpc sbatch` submits the run.
+    #[serde(default)]
+    pub slurm: SlurmConfig,
 }
 
 /// Why a run config could not be used; every variant names the file and, where known, the field.
@@ -192,7 +196,8 @@ impl RunConfig {
         self.data.validate().map_err(|e| e.within("data"))?;
         self.checkpoint
             .validate()
-            .map_err(|e| e.within("checkpoint"))
+            .map_err(|e| e.within("checkpoint"))?;
+        self.slurm.validate().map_err(|e| e.within("slurm"))
     }
 }
 
