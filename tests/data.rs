@@ -29,6 +29,17 @@ fn tars(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `flux-hpc data ingest --tar` of the generated tars into `<dir>/h5`: the directory and stdout.
+fn ingest_tars(dir: &Path) -> (PathBuf, String) {
+    let h5 = dir.join("h5");
+    let mut args = vec!["data", "ingest", "--out", h5.to_str().unwrap(), "--tar"];
+    let tar_paths = tars(dir);
+    args.extend(tar_paths.iter().map(String::as_str));
+    let out = flux_hpc(&args);
+    ok(&out);
+    (h5, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Every sample of the shards under `h5` equals the generator's values, in order.
 fn assert_matches_expected(h5: &Path, expected: &Path, fields: &[&str], shards: usize) {
     let data = LatentDataset::open(&[h5.to_path_buf()]).unwrap();
@@ -55,11 +66,7 @@ fn assert_matches_expected(h5: &Path, expected: &Path, fields: &[&str], shards: 
 #[test]
 fn mlperf_tar_shards_ingest_bit_exactly_and_validate() {
     let dir = sources("ingest-tar");
-    let h5 = dir.join("h5");
-    let mut args = vec!["data", "ingest", "--out", h5.to_str().unwrap(), "--tar"];
-    let tar_paths = tars(&dir);
-    args.extend(tar_paths.iter().map(String::as_str));
-    ok(&flux_hpc(&args));
+    let (h5, _) = ingest_tars(&dir);
     assert_matches_expected(
         &h5,
         &dir.join("expected_tars.safetensors"),
@@ -79,9 +86,8 @@ fn mlperf_tar_shards_ingest_bit_exactly_and_validate() {
     );
 
     // Re-running skips what exists.
-    let again = flux_hpc(&args);
-    ok(&again);
-    assert!(String::from_utf8_lossy(&again.stdout).contains("wrote 0 shard(s) with 0 samples"));
+    let (_, again) = ingest_tars(&dir);
+    assert!(again.contains("wrote 0 shard(s) with 0 samples"), "{again}");
 
     let validated = flux_hpc(&["data", "validate", h5.to_str().unwrap()]);
     ok(&validated);
@@ -233,11 +239,7 @@ fn streaming_ingest_retries_skips_logs_and_resumes() {
 #[test]
 fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
     let dir = sources("train-h5");
-    let h5 = dir.join("h5");
-    let mut args = vec!["data", "ingest", "--out", h5.to_str().unwrap(), "--tar"];
-    let tar_paths = tars(&dir);
-    args.extend(tar_paths.iter().map(String::as_str));
-    ok(&flux_hpc(&args));
+    let (h5, _) = ingest_tars(&dir);
     // 18 samples, 8 per step: steps cross epoch boundaries, so resume must restore the epoch.
     let paths = format!("data.paths=[\"{}\"]", h5.display());
     let common = [
@@ -269,11 +271,7 @@ fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
 #[test]
 fn shards_that_do_not_fit_the_model_are_refused_naming_the_field() {
     let dir = sources("misfit");
-    let h5 = dir.join("h5");
-    let mut args = vec!["data", "ingest", "--out", h5.to_str().unwrap(), "--tar"];
-    let tar_paths = tars(&dir);
-    args.extend(tar_paths.iter().map(String::as_str));
-    ok(&flux_hpc(&args));
+    let (h5, _) = ingest_tars(&dir);
     let paths = format!("data.paths=[\"{}\"]", h5.display());
     let out = train(
         None,

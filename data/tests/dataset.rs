@@ -202,6 +202,18 @@ fn a_flipped_byte_is_reported_by_validate_naming_file_and_dataset() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Overwrite a shard's `text_shape` attribute.
+fn set_text_shape(path: &Path, shape: [i64; 2]) {
+    let f = hdf5::File::open_rw(path).unwrap();
+    f.delete_attr("text_shape").unwrap();
+    f.new_attr::<i64>()
+        .shape([2])
+        .create("text_shape")
+        .unwrap()
+        .write_raw(&shape)
+        .unwrap();
+}
+
 #[test]
 fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
     let dir = temp("broken");
@@ -221,16 +233,7 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
     // An attribute that disagrees with the dataset's shape.
     let misshaped = dir.join("c_misshaped.h5");
     std::fs::copy(&good, &misshaped).unwrap();
-    {
-        let f = hdf5::File::open_rw(&misshaped).unwrap();
-        f.delete_attr("text_shape").unwrap();
-        f.new_attr::<i64>()
-            .shape([2])
-            .create("text_shape")
-            .unwrap()
-            .write_raw(&[5i64, 8])
-            .unwrap();
-    }
+    set_text_shape(&misshaped, [5, 8]);
     let err = LatentDataset::open(std::slice::from_ref(&dir))
         .err()
         .expect("mis-shaped shard refused");
@@ -241,16 +244,7 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
     );
 
     // A hostile shape attribute is an error, not an allocation.
-    {
-        let f = hdf5::File::open_rw(&misshaped).unwrap();
-        f.delete_attr("text_shape").unwrap();
-        f.new_attr::<i64>()
-            .shape([2])
-            .create("text_shape")
-            .unwrap()
-            .write_raw(&[-1i64, 1 << 40])
-            .unwrap();
-    }
+    set_text_shape(&misshaped, [-1, 1 << 40]);
     let err = LatentDataset::open(&[misshaped]).err().unwrap().to_string();
     assert!(err.contains("text_shape"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
