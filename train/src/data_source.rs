@@ -150,7 +150,17 @@ impl DataSource {
 
     /// Where global sample counter `counter` is in the data (epoch 0 forever when unbounded).
     pub fn position(&self, counter: u64) -> DataPosition {
-        DataPosition::of(counter, self.epoch_len().unwrap_or(u64::MAX))
+        DataPosition::of(counter, self.samples_per_epoch())
+    }
+
+    /// The global sample counter of `position` (the inverse of [`DataSource::position`]).
+    pub fn counter(&self, position: DataPosition) -> u64 {
+        position.counter(self.samples_per_epoch())
+    }
+
+    /// Epoch length for position arithmetic (unbounded sources never finish an epoch).
+    fn samples_per_epoch(&self) -> u64 {
+        self.epoch_len().unwrap_or(u64::MAX)
     }
 
     /// Micro-batch `m` of the step `plan` starts (`plan.next_step_start`), on `device`.

@@ -274,9 +274,7 @@ impl<'a> Trainer<'a> {
         let groups = [params, avg, avg_sq];
         self.optimizer.load_state(checkpoint.optimizer_step, groups);
         self.step = checkpoint.step;
-        self.consumed = checkpoint
-            .data
-            .counter(self.data.epoch_len().unwrap_or(u64::MAX));
+        self.consumed = self.data.counter(checkpoint.data);
         Ok(())
     }
 

@@ -170,15 +170,15 @@ impl LatentDataset {
     /// Sample `index` (`0..len()`), values decoded to f32. A read failure (e.g. a shard truncated
     /// after it was opened) names the file and dataset.
     pub fn read(&self, index: u64) -> Result<Sample, DataError> {
-        let s = self.starts.partition_point(|&start| start <= index) - 1;
-        let shard = &self.shards[s];
-        let row = (index - self.starts[s]) as usize;
         if index >= self.len {
             return Err(DataError::format(
-                &shard.path,
+                &self.shards[0].path,
                 format!("sample {index} is past the dataset's {} samples", self.len),
             ));
         }
+        let s = self.starts.partition_point(|&start| start <= index) - 1;
+        let shard = &self.shards[s];
+        let row = (index - self.starts[s]) as usize;
         let dtype: StorageDtype = self.layout.dtype;
         let names = self.layout.numeric();
         let mut numeric = shard

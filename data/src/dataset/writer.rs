@@ -31,14 +31,11 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// The numeric fields in the order of [`ShardLayout::numeric`].
-    pub(crate) fn numeric(&self) -> Vec<Option<&[f32]>> {
-        let mut out = vec![Some(self.latents.as_slice())];
-        if let Some(lv) = &self.logvar {
-            out.push(Some(lv.as_slice()));
-        }
-        out.push(Some(self.t5.as_slice()));
-        out.push(Some(self.clip.as_slice()));
+    /// The numeric fields present, in the order of [`ShardLayout::numeric`].
+    pub(crate) fn numeric(&self) -> Vec<&[f32]> {
+        let mut out = vec![self.latents.as_slice()];
+        out.extend(self.logvar.as_deref());
+        out.extend([self.t5.as_slice(), self.clip.as_slice()]);
         out
     }
 }
@@ -172,7 +169,6 @@ impl ShardWriter {
         }
         let row = self.rows;
         for (column, values) in self.numeric.iter_mut().zip(sample.numeric()) {
-            let values = values.expect("presence checked above");
             let expected: usize = column.shape.iter().product();
             if values.len() != expected {
                 return Err(DataError::format(

@@ -128,6 +128,21 @@ fn valid_time(time: &str) -> bool {
 }
 
 impl SlurmConfig {
+    /// The optional settings written as `#SBATCH --<field with dashes>=value` when set.
+    pub(crate) fn passthrough_options(&self) -> [(&'static str, &Option<String>); 9] {
+        [
+            ("account", &self.account),
+            ("constraint", &self.constraint),
+            ("dependency", &self.dependency),
+            ("error", &self.error),
+            ("mail_type", &self.mail_type),
+            ("mail_user", &self.mail_user),
+            ("mem", &self.mem),
+            ("partition", &self.partition),
+            ("qos", &self.qos),
+        ]
+    }
+
     /// Every string value with its field name, for the newline/NUL check.
     fn strings(&self) -> Vec<(String, &str)> {
         let mut out: Vec<(String, &str)> = vec![
@@ -135,25 +150,12 @@ impl SlurmConfig {
             ("time".into(), &self.time),
             ("signal".into(), &self.signal),
         ];
-        let optional = [
-            ("partition", &self.partition),
-            ("account", &self.account),
-            ("qos", &self.qos),
-            ("mem", &self.mem),
+        let optional = self.passthrough_options().into_iter().chain([
             ("output", &self.output),
-            ("error", &self.error),
-            ("constraint", &self.constraint),
-            ("mail_type", &self.mail_type),
-            ("mail_user", &self.mail_user),
-            ("dependency", &self.dependency),
             ("container_image", &self.container_image),
             ("binary", &self.binary),
-        ];
-        out.extend(
-            optional
-                .into_iter()
-                .filter_map(|(k, v)| v.as_deref().map(|v| (k.to_string(), v))),
-        );
+        ]);
+        out.extend(optional.filter_map(|(k, v)| v.as_deref().map(|v| (k.to_string(), v))));
         for (k, v) in &self.env {
             out.push((format!("env.{k}"), v));
         }

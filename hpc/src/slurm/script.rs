@@ -73,21 +73,13 @@ fn directives(job: &JobSpec) -> Result<Vec<String>, String> {
         ),
         ("time", Some(s.time.clone())),
     ];
-    let optional = [
-        ("account", &s.account),
-        ("constraint", &s.constraint),
-        ("dependency", &s.dependency),
-        ("error", &s.error),
-        ("mail-type", &s.mail_type),
-        ("mail-user", &s.mail_user),
-        ("mem", &s.mem),
-        ("partition", &s.partition),
-        ("qos", &s.qos),
-    ];
+    let optional = s
+        .passthrough_options()
+        .map(|(field, value)| (field.replace('_', "-"), value));
     options.extend(
         optional
-            .into_iter()
-            .filter_map(|(k, v)| v.clone().map(|v| (k, Some(v)))),
+            .iter()
+            .filter_map(|(k, v)| (*v).clone().map(|v| (k.as_str(), Some(v)))),
     );
     if s.gpus_per_node > 0 {
         options.push(("gpus-per-node", Some(s.gpus_per_node.to_string())));
