@@ -6,7 +6,8 @@
 # 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI, Slurm and munge
 #    for the local test cluster of scripts/slurm-local.sh).
 # 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
-#    and the reference packages used to make test fixtures (diffusers, safetensors).
+#    and the reference packages used to make test fixtures and benchmarks (diffusers,
+#    safetensors, h5py).
 # 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
 #    so plain `cargo build` / `cargo test` need no exported variables.
 # A second run only checks and skips.
@@ -52,11 +53,11 @@ if [ "$have_torch" != "$TORCH_VERSION" ]; then
 else
     say "torch $TORCH_VERSION present in .venv"
 fi
-if ! $py -c "import diffusers, safetensors; assert diffusers.__version__ == '$DIFFUSERS_VERSION'" 2>/dev/null; then
-    say "installing diffusers==$DIFFUSERS_VERSION and safetensors into .venv"
-    $py -m pip install -q "diffusers==$DIFFUSERS_VERSION" safetensors numpy
+if ! $py -c "import diffusers, safetensors, h5py; assert diffusers.__version__ == '$DIFFUSERS_VERSION'" 2>/dev/null; then
+    say "installing diffusers==$DIFFUSERS_VERSION, safetensors and h5py into .venv"
+    $py -m pip install -q "diffusers==$DIFFUSERS_VERSION" safetensors numpy h5py
 else
-    say "diffusers $DIFFUSERS_VERSION and safetensors present in .venv"
+    say "diffusers $DIFFUSERS_VERSION, safetensors and h5py present in .venv"
 fi
 
 # --- 3. libtorch link used by .cargo/config.toml ------------------------------------------------

@@ -1,5 +1,6 @@
 //! `flux-hpc`: train Flux-class diffusion transformers on supercomputers.
 
+mod bench_cmd;
 mod check_parallel;
 mod ckpt_cmd;
 mod convert_cmd;
@@ -95,6 +96,13 @@ enum Command {
     ///
     /// Example: flux-hpc launch -n 2 configs/flux_tiny.toml --set training.total_steps=50
     Launch(slurm_cmd::LaunchArgs),
+    /// Time training steps, forward passes, libtorch's matmul rate or the latent reader; prints
+    /// one JSON line (samples/s, FLOP/s, peak memory) per measurement.
+    ///
+    /// benches/side_by_side.sh runs these against PyTorch eager on the same config.
+    ///
+    /// Example: flux-hpc bench step configs/flux_tiny.toml --steps 10 --threads 2
+    Bench(bench_cmd::BenchArgs),
     /// Print a config's model summary and parameter count without allocating weights.
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
@@ -121,6 +129,7 @@ struct DeviceArgs {
 }
 
 fn main() -> ExitCode {
+    flux_cluster::memory::reuse_freed_buffers();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -131,6 +140,7 @@ fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::Info(args) => info::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
         Command::CheckParallel(args) => check_parallel::run(args),
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),

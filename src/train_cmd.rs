@@ -4,13 +4,13 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
-use flux_data::checkpoint::{self, CheckpointLayout};
+use flux_data::checkpoint::{self, CheckpointLayout, LoadedCheckpoint};
 use flux_model::tp::Collective;
 use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
-use flux_train::{CheckpointFormat, RunConfig, Trainer};
+use flux_train::{CheckpointFormat, NonFiniteReport, RunConfig, StepError, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tch::Tensor;
 
@@ -41,19 +41,17 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let device = args.device.device.resolve(placement.local_rank)?;
     let leader = world.world.rank() == 0;
     let dir = &run.checkpoint.dir;
+    prepare_run_dir(dir, world.world.as_ref())?;
     if leader {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create run directory {}", dir.display()))?;
         std::fs::write(dir.join("config.toml"), toml::to_string(&run)?)?;
     }
 
     let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp.as_ref())?;
     if run.checkpoint.resume {
-        if let Some(latest) = checkpoint::latest(dir)? {
-            let loaded = checkpoint::load(&latest)?;
+        if let Some(loaded) = newest_usable_checkpoint(dir, world.world.as_ref())? {
             trainer.restore(&loaded).map_err(|e| anyhow!(e))?;
             if leader {
-                tracing::info!(step = loaded.step, "resumed from {}", latest.display());
+                tracing::info!(step = loaded.step, "resumed from {}", loaded.dir.display());
             }
         }
     }
@@ -124,18 +122,39 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     let tokens = trainer.tokens_per_sample() as f64;
     for step in first_step + 1..=stop {
-        let stats = trainer.train_step()?;
+        let stats = match trainer.train_step() {
+            Ok(stats) => stats,
+            Err(StepError::NonFinite(report)) => {
+                bar.finish_and_clear();
+                return Err(stop_for_nonfinite(&report, dir, world.world.rank()));
+            }
+            // A read error on this rank alone: the others may wait in a collective already.
+            Err(e @ StepError::Data(_)) => abort_job(&world, e.into()),
+        };
         let last = step == stop;
         let eval = (last || (t.eval_interval > 0 && step % t.eval_interval == 0))
             .then(|| trainer.eval_loss())
-            .transpose()?;
+            .transpose()
+            .unwrap_or_else(|e| abort_job(&world, e.into()));
         bar.inc(1);
         bar.set_message(format!("loss {:.4}", stats.loss));
-        if last || step % t.log_interval == 0 || eval.is_some() {
+        if stats.skipped && leader {
+            tracing::warn!(
+                step,
+                loss = stats.loss,
+                grad_norm = stats.grad_norm,
+                "non-finite loss or gradient norm: update skipped ([training] nonfinite = \"skip\")"
+            );
+        }
+        if last || step % t.log_interval == 0 || eval.is_some() || stats.skipped {
             let samples_per_s = t.global_batch_size as f64 / stats.seconds;
             let mut r = step_record(&trainer, step, Some(stats.loss), eval, start, samples_per_s);
-            (r.lr, r.grad_norm, r.tokens_per_s) =
-                (stats.lr, stats.grad_norm, samples_per_s * tokens);
+            (r.lr, r.grad_norm, r.tokens_per_s, r.skipped) = (
+                stats.lr,
+                stats.grad_norm,
+                samples_per_s * tokens,
+                stats.skipped,
+            );
             tracing::debug!(
                 step,
                 loss = stats.loss,
@@ -182,6 +201,104 @@ pub fn run(args: TrainArgs) -> Result<()> {
         summarize(&records, start, dir);
     }
     Ok(())
+}
+
+/// Create the run directory and check, on every rank and before any work, that it can be
+/// written (each rank writes and removes a probe file: the directory may be on a node-local or a
+/// shared filesystem). Every rank fails with the same directory named when any rank cannot.
+fn prepare_run_dir(dir: &Path, world: &dyn Collective) -> Result<()> {
+    let probe = dir.join(format!(".write-probe.{}", world.rank()));
+    let local = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&probe, b""))
+        .and_then(|()| std::fs::remove_file(&probe));
+    let failed = world.count_failures(local.is_err());
+    if let Err(e) = local {
+        bail!("run directory {} is not writable: {e}", dir.display());
+    }
+    if failed > 0 {
+        bail!(
+            "run directory {} is not writable on {failed} of {} rank(s)",
+            dir.display(),
+            world.size()
+        );
+    }
+    Ok(())
+}
+
+/// The checkpoint to resume from: the one `latest` names, or, when it fails to load (a
+/// truncated file, a checksum mismatch), the newest older one that loads, with a warning for each
+/// passed over. Decided collectively, so every rank resumes from the same step. `None` for a run
+/// without checkpoints.
+fn newest_usable_checkpoint(
+    dir: &Path,
+    world: &dyn Collective,
+) -> Result<Option<LoadedCheckpoint>> {
+    let latest = match checkpoint::latest(dir) {
+        Ok(latest) => latest,
+        Err(e) => {
+            tracing::warn!("{e}");
+            None
+        }
+    };
+    let mut candidates = checkpoint::list(dir)?;
+    candidates.sort();
+    candidates.reverse();
+    if let Some(latest) = &latest {
+        candidates.retain(|c| c <= latest);
+    }
+    let mut passed_over = 0;
+    for candidate in &candidates {
+        let loaded = checkpoint::load(candidate);
+        if let Err(e) = &loaded {
+            tracing::warn!("checkpoint {} is unusable: {e}", candidate.display());
+        }
+        if world.count_failures(loaded.is_err()) == 0 {
+            if passed_over > 0 && world.rank() == 0 {
+                tracing::warn!(
+                    "falling back to {} ({passed_over} newer checkpoint(s) unusable)",
+                    candidate.display()
+                );
+            }
+            return Ok(loaded.ok());
+        }
+        passed_over += 1;
+    }
+    match passed_over {
+        0 => Ok(None),
+        n => bail!(
+            "{}: none of its {n} checkpoint(s) loads on every rank (see the warnings); move them \
+             away to start afresh",
+            dir.display()
+        ),
+    }
+}
+
+/// Report an error only this rank saw and end the whole job (MPI_Abort), since the other ranks
+/// may already wait in a collective for this one.
+fn abort_job(world: &ParallelWorld, error: anyhow::Error) -> ! {
+    eprintln!(
+        "error: {error:#} (rank {} of {}; ending the job)",
+        world.world.rank(),
+        world.world.size()
+    );
+    world.abort(1)
+}
+
+/// Write this rank's diagnostic dump `nonfinite_step_<N>.rank_<R>.json` into the run directory
+/// and return the error the run stops with.
+fn stop_for_nonfinite(report: &NonFiniteReport, dir: &Path, rank: usize) -> anyhow::Error {
+    let path = dir.join(format!(
+        "nonfinite_step_{:09}.rank_{rank}.json",
+        report.step
+    ));
+    let written = serde_json::to_string_pretty(report)
+        .map_err(anyhow::Error::from)
+        .and_then(|json| Ok(std::fs::write(&path, json)?));
+    let error = anyhow::Error::new(StepError::NonFinite(Box::new(report.clone())));
+    match written {
+        Ok(()) => error.context(format!("diagnostics in {}", path.display())),
+        Err(e) => error.context(format!("and writing {} failed: {e}", path.display())),
+    }
 }
 
 /// The stop request every rank agrees on (an all-reduce over the world), so all ranks leave the
@@ -234,6 +351,7 @@ fn step_record(
         grad_norm: 0.0,
         samples_per_s: sps,
         tokens_per_s: 0.0,
+        skipped: false,
         peak_memory_mib: trainer.peak_memory_mib(),
         elapsed_s: start.elapsed().as_secs_f64(),
     }

@@ -50,7 +50,10 @@ fn native_weights_exported_to_diffusers_give_the_same_forward_in_diffusers() {
         "f32",
     ]));
     let io_path = dir.join("io.safetensors");
-    ok(&python("diffusers_forward.py", &[&export, &io_path]));
+    ok(&python(
+        "diffusers_forward.py",
+        &[export.as_os_str(), io_path.as_os_str()],
+    ));
 
     let model = model_from(&run.join("step_000000003"));
     let io: HashMap<String, Tensor> = Tensor::read_safetensors(&io_path)

@@ -4,41 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::fault_server::{Fault, FaultServer};
-use common::{assert_same_records, flux_hpc, ok, python, records, temp_dir, train};
+use common::latents::{ingest_tars, sources};
+use common::{assert_same_records, flux_hpc, ok, records, train};
 use flux_data::dataset::LatentDataset;
 use tch::Tensor;
-
-/// Sources written by tests/fixtures/make_latent_sources.py (NumPy, safetensors) into a fresh dir.
-fn sources(name: &str) -> PathBuf {
-    let dir = temp_dir(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    ok(&python("make_latent_sources.py", &[&dir]));
-    dir
-}
-
-fn tars(dir: &Path) -> Vec<String> {
-    (0..3)
-        .map(|s| {
-            dir.join(format!("tars/part_{s:05}.tar"))
-                .display()
-                .to_string()
-        })
-        .collect()
-}
-
-/// `flux-hpc data ingest --tar` of the generated tars into `<dir>/h5`: the directory and stdout.
-fn ingest_tars(dir: &Path) -> (PathBuf, String) {
-    let h5 = dir.join("h5");
-    let mut args = vec!["data", "ingest", "--out", h5.to_str().unwrap(), "--tar"];
-    let tar_paths = tars(dir);
-    args.extend(tar_paths.iter().map(String::as_str));
-    let out = flux_hpc(&args);
-    ok(&out);
-    (h5, String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// Every sample of the shards under `h5` equals the generator's values, in order.
 fn assert_matches_expected(h5: &Path, expected: &Path, fields: &[&str], shards: usize) {
@@ -65,7 +37,7 @@ fn assert_matches_expected(h5: &Path, expected: &Path, fields: &[&str], shards: 
 
 #[test]
 fn mlperf_tar_shards_ingest_bit_exactly_and_validate() {
-    let dir = sources("ingest-tar");
+    let dir = sources("ingest-tar", &[]);
     let (h5, _) = ingest_tars(&dir);
     assert_matches_expected(
         &h5,
@@ -117,7 +89,7 @@ fn mlperf_tar_shards_ingest_bit_exactly_and_validate() {
 
 #[test]
 fn npy_and_safetensors_files_ingest_into_fixed_size_shards() {
-    let dir = sources("ingest-files");
+    let dir = sources("ingest-files", &[]);
     let h5 = dir.join("h5");
     ok(&flux_hpc(&[
         "data",
@@ -147,7 +119,7 @@ fn npy_and_safetensors_files_ingest_into_fixed_size_shards() {
 
 #[test]
 fn streaming_ingest_retries_skips_logs_and_resumes() {
-    let dir = sources("ingest-http");
+    let dir = sources("ingest-http", &[]);
     let server = FaultServer::start(dir.join("tars"));
     server.queue("/part_00000.tar", &[Fault::Status(429), Fault::Status(503)]);
     server.queue("/part_00001.tar", &[Fault::Corrupt]);
@@ -238,7 +210,7 @@ fn streaming_ingest_retries_skips_logs_and_resumes() {
 
 #[test]
 fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
-    let dir = sources("train-h5");
+    let dir = sources("train-h5", &[]);
     let (h5, _) = ingest_tars(&dir);
     // 18 samples, 8 per step: steps cross epoch boundaries, so resume must restore the epoch.
     let paths = format!("data.paths=[\"{}\"]", h5.display());
@@ -270,7 +242,7 @@ fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
 
 #[test]
 fn shards_that_do_not_fit_the_model_are_refused_naming_the_field() {
-    let dir = sources("misfit");
+    let dir = sources("misfit", &[]);
     let (h5, _) = ingest_tars(&dir);
     let paths = format!("data.paths=[\"{}\"]", h5.display());
     let out = train(

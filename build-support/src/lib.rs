@@ -1,4 +1,4 @@
-//! Build-script helper shared by every crate whose binaries or tests link libtorch.
+//! Build-script helpers shared by every crate whose binaries or tests link libtorch.
 //!
 //! torch-sys (`links = "tch"`) exports the folder holding `libtorch*.so` to the build scripts of crates
 //! that depend on it directly, as `DEP_TCH_LIBTORCH_LIB`. Writing that folder into the rpath lets
@@ -20,4 +20,29 @@ pub fn link_libtorch_rpath() {
     if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+}
+
+/// Compile `files` (C++17, paths relative to the package) against libtorch's headers into the
+/// static library `name`, linked into this package: the small autograd nodes and kernels bridges
+/// that tch does not expose. Call from `build.rs` of a package that lists `torch-sys` among its
+/// dependencies.
+pub fn compile_libtorch_cpp(name: &str, files: &[&str]) {
+    let lib = std::path::PathBuf::from(
+        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports its lib dir"),
+    );
+    let root = lib.parent().expect("libtorch lib folder has a parent");
+    let mut build = cc::Build::new();
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+        build.file(file);
+    }
+    build
+        .cpp(true)
+        .include(root.join("include"))
+        .include(root.join("include/torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .warnings(false)
+        .compile(name);
 }

@@ -24,8 +24,9 @@ pub enum DataError {
         /// HDF5's message.
         message: String,
     },
-    /// A dataset's bytes do not match its CRC-32.
-    #[error("{path}: dataset `{dataset}` is corrupt (CRC-32 mismatch)")]
+    /// A dataset's bytes do not match their checksum (the file's CRC-32, or HDF5's per-chunk
+    /// Fletcher-32).
+    #[error("{path}: dataset `{dataset}` is corrupt (checksum mismatch)")]
     Corrupt {
         /// The file.
         path: String,

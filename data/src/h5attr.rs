@@ -7,13 +7,24 @@ use hdf5::types::VarLenUnicode;
 
 use crate::error::DataError;
 
-/// Map an HDF5 error on `what` in the file `path`.
+/// Map an HDF5 error on `what` in the file `path`; a failed Fletcher-32 chunk checksum becomes
+/// [`DataError::Corrupt`].
 pub fn h5err<'a>(path: &'a Path, what: &str) -> impl Fn(hdf5::Error) -> DataError + 'a {
     let what = what.to_string();
-    move |e| DataError::Hdf5 {
-        path: path.display().to_string(),
-        what: what.clone(),
-        message: e.to_string(),
+    move |e| {
+        let message = e.to_string();
+        if message.contains("Fletcher32") {
+            DataError::Corrupt {
+                path: path.display().to_string(),
+                dataset: what.clone(),
+            }
+        } else {
+            DataError::Hdf5 {
+                path: path.display().to_string(),
+                what: what.clone(),
+                message,
+            }
+        }
     }
 }
 

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod convert;
 pub mod dataset;
 mod error;
+mod failpoint;
 mod h5attr;
 pub mod ingest;
 mod rng;

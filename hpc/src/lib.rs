@@ -6,6 +6,7 @@
 //! signals that ask a run to checkpoint and stop.
 
 mod device;
+pub mod memory;
 mod mpi_groups;
 mod placement;
 mod signals;

@@ -71,7 +71,7 @@ pub struct ParallelWorld {
     /// Every rank.
     pub world: Box<dyn Collective>,
     // Last: dropping the universe finalises MPI, after the communicators are freed.
-    _universe: Option<Universe>,
+    universe: Option<Universe>,
 }
 
 impl std::fmt::Debug for ParallelWorld {
@@ -111,7 +111,7 @@ impl ParallelWorld {
             tp: TpContext::new(Box::new(MpiGroup { comm: tp })),
             dp: Box::new(MpiGroup { comm: dp }),
             world: Box::new(MpiGroup { comm: world }),
-            _universe: Some(universe),
+            universe: Some(universe),
         })
     }
 
@@ -127,7 +127,7 @@ impl ParallelWorld {
             tp: TpContext::single(),
             dp: Box::new(SingleRank),
             world: Box::new(SingleRank),
-            _universe: None,
+            universe: None,
         })
     }
 
@@ -138,6 +138,16 @@ impl ParallelWorld {
             Self::single(tp_size)
         } else {
             Self::init(tp_size)
+        }
+    }
+
+    /// End every rank of the job now with exit status `code` (`MPI_Abort` on the world), for an
+    /// error on this rank that its peers cannot learn of because they may already wait in a
+    /// collective. Without MPI, exits the process.
+    pub fn abort(&self, code: i32) -> ! {
+        match &self.universe {
+            Some(universe) => universe.world().abort(code),
+            None => std::process::exit(code),
         }
     }
 

@@ -6,6 +6,12 @@ use crate::tp::ParamSpec;
 use crate::FluxTransformer;
 use crate::Widths;
 
+/// Largest accepted width (`hidden_size`, `context_dim`, …): 64 Ki, far above any real model.
+const MAX_WIDTH: i64 = 1 << 16;
+
+/// Largest accepted number of joint or of single layers.
+const MAX_LAYERS: usize = 1024;
+
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
 ///
 /// Defaults are FLUX.1's (Primus' `FluxConfig`): 19 joint + 38 single layers, hidden 3072, 24 heads,
@@ -190,13 +196,27 @@ impl FluxConfig {
             },
         )?;
         for (field, value) in [
+            ("hidden_size", self.hidden_size),
             ("in_channels", self.in_channels),
             ("patch_size", self.patch_size),
             ("context_dim", self.context_dim),
             ("vec_in_dim", self.vec_in_dim),
+            ("model_channels", self.model_channels),
         ] {
             ConfigError::check(value > 0, field, || {
                 format!("must be positive, got {value}")
+            })?;
+            // Far above any real model; keeps every size product (parameter counts) in range.
+            ConfigError::check(value <= MAX_WIDTH, field, || {
+                format!("must be at most {MAX_WIDTH}, got {value}")
+            })?;
+        }
+        for (field, value) in [
+            ("num_joint_layers", self.num_joint_layers),
+            ("num_single_layers", self.num_single_layers),
+        ] {
+            ConfigError::check(value <= MAX_LAYERS, field, || {
+                format!("must be at most {MAX_LAYERS}, got {value}")
             })?;
         }
         ConfigError::check(
@@ -211,9 +231,11 @@ impl FluxConfig {
         )?;
         let mlp = self.hidden_size as f64 * self.mlp_ratio;
         ConfigError::check(
-            self.mlp_ratio > 0.0 && mlp.fract() == 0.0,
+            self.mlp_ratio > 0.0 && self.mlp_ratio <= 64.0 && mlp.fract() == 0.0,
             "mlp_ratio",
-            || format!("mlp_ratio × hidden_size must be a positive integer, got {mlp}"),
+            || {
+                format!("mlp_ratio must be in (0, 64] with mlp_ratio × hidden_size an integer, got {mlp}")
+            },
         )?;
         ConfigError::check(self.theta > 0.0, "theta", || {
             format!("must be positive, got {}", self.theta)

@@ -24,6 +24,7 @@ mod config;
 pub mod convert;
 pub mod dit;
 pub mod embeddings;
+pub mod flops;
 mod flux;
 mod input;
 pub mod layers;

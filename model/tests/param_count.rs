@@ -105,3 +105,28 @@ fn state_dict_uses_the_unified_layer_namespace() {
     assert!(!names.iter().any(|n| n.starts_with("transformer.layers.3.")));
     assert!(!names.iter().any(|n| n.starts_with("guidance_embedder")));
 }
+
+#[test]
+fn the_flops_model_counts_every_weight_matrix_once() {
+    let dev = FluxConfig {
+        guidance_embed: true,
+        ..FluxConfig::flux_12b()
+    };
+    for config in [common::tiny_config(), FluxConfig::flux_535m(), dev] {
+        let matrices: f64 = flux_model::flops::weight_matrices(&config)
+            .iter()
+            .map(|(w, _)| w)
+            .sum();
+        let layout: u64 = config
+            .param_layout()
+            .iter()
+            .filter(|s| s.shape.len() == 2)
+            .map(|s| s.numel())
+            .sum();
+        assert_eq!(matrices, layout as f64, "{config:?}");
+    }
+    // Attention at one token per sample is 4·D per layer; 2·weights per token otherwise.
+    let c = FluxConfig::flux_535m();
+    let f = flux_model::flops::ForwardFlops::of(&c, 1, 1, 0);
+    assert_eq!(f.attention, 4.0 * c.hidden_size as f64 * 2.0);
+}

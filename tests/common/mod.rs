@@ -1,12 +1,14 @@
 //! Helpers shared by the end-to-end tests: run `flux-hpc train` as one process or under mpirun.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
 pub mod fault_server;
+pub mod latents;
 
 /// A fresh directory path under the system temp dir (not created).
 pub fn temp_dir(name: &str) -> PathBuf {
@@ -19,6 +21,14 @@ pub fn temp_dir(name: &str) -> PathBuf {
 /// under `mpirun -np N`. Each `extra` item is a `--set` override, or, when it starts with `--`,
 /// raw arguments (`"--stop-after 3"`).
 pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
+    train_command(np, dir, extra)
+        .output()
+        .expect("flux-hpc runs")
+}
+
+/// The command [`train`] runs, to spawn, add environment to, or signal. Under mpirun it is
+/// `timeout 600 mpirun … flux-hpc train …`.
+pub fn train_command(np: Option<usize>, dir: &Path, extra: &[&str]) -> Command {
     let bin = env!("CARGO_BIN_EXE_flux-hpc");
     let mut cmd = match np {
         None => Command::new(bin),
@@ -49,9 +59,8 @@ pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
         Some(_) => e.split_whitespace().collect::<Vec<_>>(),
         None => vec!["--set", e],
     }))
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .output()
-    .expect("flux-hpc runs")
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
 }
 
 /// `flux-hpc ARGS` run from the repository root.
@@ -70,7 +79,7 @@ pub fn flux_hpc_with(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// `.venv/bin/python SCRIPT ARGS` (a script under tests/fixtures) run from the repository root.
-pub fn python(script: &str, args: &[&Path]) -> Output {
+pub fn python(script: &str, args: &[&OsStr]) -> Output {
     let root = env!("CARGO_MANIFEST_DIR");
     Command::new(format!("{root}/.venv/bin/python"))
         .arg(format!("{root}/tests/fixtures/{script}"))
@@ -78,6 +87,30 @@ pub fn python(script: &str, args: &[&Path]) -> Output {
         .current_dir(root)
         .output()
         .expect("the venv's python runs")
+}
+
+/// Flip one bit in the middle of the stored bytes of dataset `name` of the HDF5 file `path`
+/// (of its first chunk, when chunked), as a bad disk or a bad copy would.
+pub fn flip_bit_in(path: &Path, name: &str) {
+    let (at, len) = {
+        let file = hdf5::File::open(path).unwrap();
+        let ds = file.dataset(name).unwrap();
+        match ds.offset() {
+            Some(offset) => (offset, ds.storage_size()),
+            None => {
+                let chunk = ds.chunk_info(0).expect("a contiguous or chunked dataset");
+                (chunk.addr, chunk.size)
+            }
+        }
+    };
+    flip_bit_at(path, at + len / 2);
+}
+
+/// Flip the lowest bit of the byte at `offset` of `path`.
+pub fn flip_bit_at(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[offset as usize] ^= 1;
+    std::fs::write(path, bytes).unwrap();
 }
 
 /// The run's metrics records.

@@ -163,16 +163,20 @@ impl DataSource {
         self.epoch_len().unwrap_or(u64::MAX)
     }
 
-    /// Micro-batch `m` of the step `plan` starts (`plan.next_step_start`), on `device`.
+    /// Micro-batch `m` of the step `plan` starts (`plan.next_step_start`), on `device`, and the
+    /// samples' ids (keys from their source, or `synthetic #<counter>`), for diagnostics.
     pub fn train_batch(
         &mut self,
         plan: BatchPlan,
         m: u64,
         device: Device,
-    ) -> Result<LatentSamples, DataError> {
+    ) -> Result<(LatentSamples, Vec<String>), DataError> {
         let counters = plan.micro_batch(plan.next_step_start, m);
         let h = match self {
-            Self::Synthetic(s) => return Ok(s.batch(&counters, device)),
+            Self::Synthetic(s) => {
+                let ids = counters.iter().map(|c| format!("synthetic #{c}")).collect();
+                return Ok((s.batch(&counters, device), ids));
+            }
             Self::Hdf5(h) => h,
         };
         if h.reading.as_ref().is_none_or(|(_, next)| *next != counters) {
@@ -194,13 +198,17 @@ impl DataSource {
             plan.micro_batch(plan.next_step_start + plan.global, 0)
         };
         let draw = LatentDraw::Posterior { seed: h.seed };
-        Ok(latent_samples(
+        let samples = latent_samples(
             &fetched.samples,
             &fetched.counters,
             &h.layout,
             draw,
             h.pack,
             device,
+        );
+        Ok((
+            samples,
+            fetched.samples.iter().map(|s| s.id.clone()).collect(),
         ))
     }
 

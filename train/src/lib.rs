@@ -5,6 +5,7 @@
 //! data-parallel training loop.
 
 mod data_source;
+mod fused_adamw;
 pub mod loss;
 pub mod metrics;
 pub mod noise;
@@ -20,7 +21,7 @@ mod trainer;
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
-    CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LrSchedule, OptimizationConfig,
-    Precision, TrainingConfig,
+    CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LrSchedule, NonFinitePolicy,
+    OptimizationConfig, Precision, TrainingConfig,
 };
-pub use trainer::{StepStats, Trainer};
+pub use trainer::{build_model, NonFiniteReport, StepError, StepStats, Trainer};

@@ -26,6 +26,9 @@ pub struct StepRecord {
     pub samples_per_s: f64,
     /// Image and text tokens per second (all replicas).
     pub tokens_per_s: f64,
+    /// The update was skipped for a non-finite loss or gradient norm (`[training] nonfinite`).
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub skipped: bool,
     /// Peak resident memory of this process, MiB.
     pub peak_memory_mib: f64,
     /// Seconds since training started.
@@ -46,7 +49,9 @@ impl MetricsWriter {
     }
 
     /// Reopen a resumed run's log, dropping records past `step` (steps that ran after the
-    /// checkpoint being resumed and will run again). Returns the writer and the records kept.
+    /// checkpoint being resumed and will run again) and a line cut short by a crash. The kept
+    /// records are rewritten through a temporary file and a rename, so a crash here loses
+    /// nothing. Returns the writer and the records kept.
     pub fn resume(path: &Path, step: u64) -> std::io::Result<(Self, Vec<StepRecord>)> {
         let kept: Vec<StepRecord> = std::fs::read_to_string(path)
             .unwrap_or_default()
@@ -54,11 +59,20 @@ impl MetricsWriter {
             .filter_map(|l| serde_json::from_str::<StepRecord>(l).ok())
             .filter(|r| r.step <= step)
             .collect();
-        let mut writer = Self::create(path)?;
+        let tmp = path.with_extension("jsonl.tmp");
+        let mut rewritten = Self::create(&tmp)?;
         for r in &kept {
-            writer.write(r)?;
+            rewritten.write(r)?;
         }
-        Ok((writer, kept))
+        rewritten.out.get_ref().sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        Ok((
+            Self {
+                out: BufWriter::new(file),
+            },
+            kept,
+        ))
     }
 
     /// Write one record as a JSON line and flush it.

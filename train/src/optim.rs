@@ -4,6 +4,7 @@
 use flux_model::tp::{ParamSpec, ShardedStore};
 use tch::{Kind, Tensor};
 
+use crate::fused_adamw::{fused_adamw, Hyper};
 use crate::sections::{LrSchedule, OptimizationConfig};
 
 /// Learning rate at `step` (0-based): linear warmup over `warmup_steps`, then constant or cosine
@@ -107,33 +108,48 @@ impl AdamW {
     }
 
     /// Apply one update at learning rate `lr` from the parameters' gradients, then clear them.
+    /// Decaying and non-decaying parameters each go through one fused kernel call.
     pub fn step(&mut self, lr: f64) {
         self.step += 1;
         let c = &self.config;
-        let (bc1, bc2) = (1.0 - c.beta1.powi(self.step), 1.0 - c.beta2.powi(self.step));
         tch::no_grad(|| {
-            for s in &mut self.slots {
-                let grad = s.param.grad();
-                if !grad.defined() {
+            for decay in [true, false] {
+                let slots: Vec<&Slot> = self
+                    .slots
+                    .iter()
+                    .filter(|s| s.decay == decay && s.param.grad().defined())
+                    .collect();
+                let Some(first) = slots.first() else {
                     continue;
-                }
-                let g = grad.to_kind(Kind::Float);
-                if s.decay && c.weight_decay > 0.0 {
-                    let _ = s.master.g_mul_scalar_(1.0 - lr * c.weight_decay);
-                }
-                let _ = s
-                    .exp_avg
-                    .g_mul_scalar_(c.beta1)
-                    .g_add_(&(&g * (1.0 - c.beta1)));
-                let _ = s
-                    .exp_avg_sq
-                    .g_mul_scalar_(c.beta2)
-                    .g_add_(&(g.square() * (1.0 - c.beta2)));
-                let denom = (&s.exp_avg_sq / bc2).sqrt() + c.epsilon;
-                let _ = s.master.g_sub_(&(&s.exp_avg / &denom * (lr / bc1)));
-                if s.param.kind() != Kind::Float {
-                    s.param.copy_(&s.master);
-                }
+                };
+                let grads: Vec<Tensor> = slots
+                    .iter()
+                    .map(|s| s.param.grad().to_kind(Kind::Float))
+                    .collect();
+                let step = Tensor::from(self.step as f32).to_device(first.master.device());
+                let take = |f: fn(&Slot) -> &Tensor| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
+                let hyper = Hyper {
+                    lr,
+                    beta1: c.beta1,
+                    beta2: c.beta2,
+                    weight_decay: if decay { c.weight_decay } else { 0.0 },
+                    eps: c.epsilon,
+                };
+                fused_adamw(
+                    &take(|s| &s.master),
+                    &grads,
+                    &take(|s| &s.exp_avg),
+                    &take(|s| &s.exp_avg_sq),
+                    &step,
+                    hyper,
+                );
+            }
+            for s in self
+                .slots
+                .iter_mut()
+                .filter(|s| s.param.kind() != Kind::Float)
+            {
+                s.param.copy_(&s.master);
             }
         });
         self.zero_grad();
@@ -165,16 +181,14 @@ pub fn global_grad_norm(store: &ShardedStore) -> f64 {
             } else {
                 1.0 / tp
             };
-            local += weight
-                * g.to_kind(Kind::Double)
-                    .square()
-                    .sum(Kind::Double)
-                    .double_value(&[]);
+            // Squares in the gradient's dtype, summed in f64: no f64 copy of the gradient.
+            local += weight * g.square().sum(Kind::Double).double_value(&[]);
         }
     }
     let mut total = [local as f32];
     store.tp().collective().all_reduce_sum(&mut total);
-    (total[0].max(0.0) as f64).sqrt()
+    // No clamping: a NaN or infinite gradient must show in the norm (see `[training] nonfinite`).
+    (total[0] as f64).sqrt()
 }
 
 /// Scale every gradient so the global norm is at most `max_norm` (0 disables); returns the norm

@@ -18,6 +18,26 @@ pub enum Precision {
     Bf16,
 }
 
+/// What a step whose loss or gradient norm is NaN or infinite does (`[training] nonfinite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFinitePolicy {
+    /// Drop the step's gradients, leave weights and optimizer moments unchanged, log the step as
+    /// skipped and go on with the next batch.
+    Skip,
+    /// Stop the run before the update, writing `nonfinite_step_<N>.json` (loss, norm, the
+    /// parameters whose gradients are not finite, the samples of the step) into the run
+    /// directory; the last checkpoint stays the one to resume from.
+    Stop,
+}
+
+/// Largest accepted `total_steps` (with [`MAX_BATCH`], sample counters stay far inside u64).
+const MAX_STEPS: u64 = 1 << 32;
+/// Largest accepted batch size or held-out sample count.
+const MAX_BATCH: u64 = 1 << 24;
+/// Largest accepted latent side or text length.
+const MAX_SIDE: i64 = 1 << 16;
+
 /// `[training]`: what one run does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -56,6 +76,8 @@ pub struct TrainingConfig {
     pub eval_interval: u64,
     /// Held-out samples (fixed noise, 8 equidistant noise levels).
     pub eval_samples: u64,
+    /// `"stop"` (default) or `"skip"`: what a step with a non-finite loss or gradient norm does.
+    pub nonfinite: NonFinitePolicy,
 }
 
 impl Default for TrainingConfig {
@@ -80,6 +102,7 @@ impl Default for TrainingConfig {
             log_interval: 10,
             eval_interval: 0,
             eval_samples: 16,
+            nonfinite: NonFinitePolicy::Stop,
         }
     }
 }
@@ -104,14 +127,41 @@ impl TrainingConfig {
                 )
             },
         )?;
-        ConfigError::check(
-            self.latent_height > 0 && self.latent_width > 0,
-            "latent_height",
-            || "latent sides must be positive".into(),
-        )?;
-        ConfigError::check(self.text_len > 0, "text_len", || {
-            "must be at least 1".into()
+        ConfigError::check(self.total_steps <= MAX_STEPS, "total_steps", || {
+            format!("must be at most {MAX_STEPS}")
         })?;
+        ConfigError::check(
+            self.global_batch_size <= MAX_BATCH && self.eval_samples <= MAX_BATCH,
+            "global_batch_size",
+            || format!("batch sizes and eval_samples must be at most {MAX_BATCH}"),
+        )?;
+        for (field, side) in [
+            ("latent_height", self.latent_height),
+            ("latent_width", self.latent_width),
+            ("text_len", self.text_len),
+        ] {
+            ConfigError::check(side > 0 && side <= MAX_SIDE, field, || {
+                format!("must be in 1..={MAX_SIDE}, got {side}")
+            })?;
+        }
+        let sampler_ok = match self.timestep_sampling {
+            TimestepSampler::LogitNormal { mean, std } => {
+                mean.is_finite() && std.is_finite() && std > 0.0
+            }
+            TimestepSampler::Mode { scale } => scale.is_finite(),
+            TimestepSampler::Uniform | TimestepSampler::DirectUniform => true,
+        };
+        ConfigError::check(sampler_ok, "timestep_sampling", || {
+            format!(
+                "{:?}: parameters must be finite, with std > 0",
+                self.timestep_sampling
+            )
+        })?;
+        if let Reduction::Huber { delta } = self.loss {
+            ConfigError::check(delta.is_finite() && delta > 0.0, "loss", || {
+                format!("huber delta must be positive and finite, got {delta}")
+            })?;
+        }
         ConfigError::check(
             (0.0..1.0).contains(&self.cfg_dropout_prob),
             "cfg_dropout_prob",
@@ -185,6 +235,15 @@ impl OptimizationConfig {
         ConfigError::check(self.optimizer == "adamw", "optimizer", || {
             format!("only \"adamw\" is supported, got {:?}", self.optimizer)
         })?;
+        for (field, v) in [
+            ("learning_rate", self.learning_rate),
+            ("min_learning_rate", self.min_learning_rate),
+            ("weight_decay", self.weight_decay),
+            ("epsilon", self.epsilon),
+            ("gradient_clip", self.gradient_clip),
+        ] {
+            ConfigError::check(v.is_finite(), field, || format!("must be finite, got {v}"))?;
+        }
         ConfigError::check(self.learning_rate > 0.0, "learning_rate", || {
             format!("must be positive, got {}", self.learning_rate)
         })?;

@@ -15,7 +15,7 @@ use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
 use crate::scheduler::FlowMatchEulerDiscreteScheduler;
-use crate::sections::Precision;
+use crate::sections::{NonFinitePolicy, Precision};
 use crate::step_data::{step_data, NoiseLevels, StepData};
 use crate::{RunConfig, EVAL_BASE};
 
@@ -30,6 +30,45 @@ pub struct StepStats {
     pub lr: f64,
     /// Wall time of the step, s.
     pub seconds: f64,
+    /// The loss or gradient norm was not finite and `[training] nonfinite = "skip"` dropped the
+    /// update.
+    pub skipped: bool,
+}
+
+/// What this rank saw in a step whose loss or gradient norm was not finite.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NonFiniteReport {
+    /// The step that would have been taken (1-based).
+    pub step: u64,
+    /// Global mean loss.
+    pub loss: f64,
+    /// Global gradient norm.
+    pub grad_norm: f64,
+    /// Where the data reader was at the start of the step.
+    pub data_epoch: u64,
+    /// Sample index within the epoch at the start of the step.
+    pub data_index: u64,
+    /// This rank's data-parallel index.
+    pub dp_rank: usize,
+    /// The samples this rank trained on in the step (their source keys).
+    pub samples: Vec<String>,
+    /// This rank's parameters whose (local) gradient holds a NaN or an infinity.
+    pub nonfinite_grads: Vec<String>,
+}
+
+/// Why a step did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// Reading the step's samples failed.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The loss or gradient norm was not finite under `[training] nonfinite = "stop"`.
+    #[error(
+        "step {}: loss {} and gradient norm {} are not all finite; stopping before the update \
+         ([training] nonfinite = \"stop\")",
+        .0.step, .0.loss, .0.grad_norm
+    )]
+    NonFinite(Box<NonFiniteReport>),
 }
 
 /// One rank's trainer.
@@ -44,6 +83,20 @@ pub struct Trainer<'a> {
     dp: &'a dyn Collective,
     device: Device,
     step: u64,
+}
+
+/// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
+/// `[training] seed` (identical on every rank before sharding), bf16 under `precision = "bf16"`,
+/// layer recomputation as `[training] recompute` says.
+pub fn build_model(run: &RunConfig, device: Device, tp: TpContext) -> Result<Flux, ConfigError> {
+    let t = &run.training;
+    tch::manual_seed(t.seed as i64);
+    let mut model = Flux::new_parallel(&run.model, device, tp)?;
+    if t.precision == Precision::Bf16 {
+        model.store.vs.bfloat16();
+    }
+    model.transformer.set_recompute(t.recompute);
+    Ok(model)
 }
 
 impl<'a> Trainer<'a> {
@@ -76,12 +129,7 @@ impl<'a> Trainer<'a> {
                 format!("latent sides must be multiples of patch_size {p}"),
             ));
         }
-        tch::manual_seed(t.seed as i64);
-        let mut model = Flux::new_parallel(&run.model, device, tp)?;
-        if t.precision == Precision::Bf16 {
-            model.store.vs.bfloat16();
-        }
-        model.transformer.set_recompute(t.recompute);
+        let model = build_model(run, device, tp)?;
         let optimizer = AdamW::new(named_params(&model.store), &run.optimization);
         Ok(Self {
             run: run.clone(),
@@ -137,8 +185,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// One optimizer step over the global batch: this rank's micro-batches, gradients completed
-    /// across tensor and data parallelism, clipped, applied. Fails only when reading data fails.
-    pub fn train_step(&mut self) -> Result<StepStats, DataError> {
+    /// across tensor and data parallelism, clipped, applied. A non-finite loss or gradient norm
+    /// (the same on every rank: both are global) is handled by `[training] nonfinite`.
+    pub fn train_step(&mut self) -> Result<StepStats, StepError> {
         let start = Instant::now();
         flux_model::recompute::clear_pending();
         let t = self.run.training.clone();
@@ -152,14 +201,16 @@ impl<'a> Trainer<'a> {
         };
         let sampler = t.timestep_sampling;
         let mut local_loss = 0f64;
+        let mut ids = Vec::new();
         for m in 0..plan.micro_steps() {
-            let ids = plan.micro_batch(plan.next_step_start, m);
-            let samples = self.data.train_batch(plan, m, self.device)?;
+            let counters = plan.micro_batch(plan.next_step_start, m);
+            let (samples, sample_ids) = self.data.train_batch(plan, m, self.device)?;
+            ids.extend(sample_ids);
             let levels = NoiseLevels::Sampled(&sampler, &self.scheduler);
             let d = step_data(
                 samples,
                 &self.run.model,
-                &ids,
+                &counters,
                 t.seed,
                 levels,
                 t.cfg_dropout_prob,
@@ -175,19 +226,54 @@ impl<'a> Trainer<'a> {
         self.model.store.finish_grads();
         let params = self.model.store.vs.trainable_variables();
         all_reduce_grads(&params, self.dp, 1.0);
-        let grad_norm = clip_grad_norm(&self.model.store, self.run.optimization.gradient_clip);
-        let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
-        self.optimizer.step(lr);
-        self.step += 1;
-        self.consumed += t.global_batch_size;
         let mut loss = [local_loss as f32];
         self.dp.all_reduce_sum(&mut loss);
+        let loss = loss[0] as f64;
+        let grad_norm = clip_grad_norm(&self.model.store, self.run.optimization.gradient_clip);
+        let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
+        let skipped = !(loss.is_finite() && grad_norm.is_finite());
+        if skipped && t.nonfinite == NonFinitePolicy::Stop {
+            let position = self.data.position(self.consumed);
+            return Err(StepError::NonFinite(Box::new(NonFiniteReport {
+                step: self.step + 1,
+                loss,
+                grad_norm,
+                data_epoch: position.epoch,
+                data_index: position.index,
+                dp_rank: self.dp.rank(),
+                samples: ids,
+                nonfinite_grads: self.nonfinite_grads(),
+            })));
+        }
+        if skipped {
+            self.optimizer.zero_grad();
+        } else {
+            self.optimizer.step(lr);
+        }
+        self.step += 1;
+        self.consumed += t.global_batch_size;
         Ok(StepStats {
-            loss: loss[0] as f64,
+            loss,
             grad_norm,
             lr,
             seconds: start.elapsed().as_secs_f64(),
+            skipped,
         })
+    }
+
+    /// Names of this rank's parameters whose gradient holds a NaN or an infinity.
+    fn nonfinite_grads(&self) -> Vec<String> {
+        let vars = self.model.store.vs.variables();
+        self.model
+            .store
+            .param_specs()
+            .iter()
+            .filter(|spec| {
+                let g = vars[&spec.name].grad();
+                g.defined() && !bool::try_from(g.isfinite().all()).unwrap_or(false)
+            })
+            .map(|spec| spec.name.clone())
+            .collect()
     }
 
     /// Mean flow-matching loss on the held-out set (fixed samples, fixed noise, σ = (i mod 8)/8),

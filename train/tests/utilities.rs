@@ -262,3 +262,39 @@ fn adamw_first_step_matches_the_closed_form() {
     assert_abs_diff_eq!(values(&b)[0], 3.0 + 0.1, epsilon = 1e-6); // no decay on biases
     assert!(!w.grad().defined() || w.grad().abs().sum(Kind::Float).double_value(&[]) == 0.0);
 }
+
+#[test]
+fn adamw_follows_the_reference_update_over_several_steps() {
+    let c = OptimizationConfig {
+        learning_rate: 0.01,
+        weight_decay: 0.1,
+        beta1: 0.8,
+        beta2: 0.9,
+        epsilon: 1e-6,
+        ..Default::default()
+    };
+    let w = Tensor::from_slice(&[0.5f32, -1.5, 2.0, 0.25])
+        .view([2, 2])
+        .set_requires_grad(true);
+    let mut opt = AdamW::new(vec![("w".into(), w.shallow_clone())], &c);
+    // The update written out in f64, one element at a time (PyTorch's AdamW).
+    let mut reference: Vec<f64> = vec![0.5, -1.5, 2.0, 0.25];
+    let (mut m, mut v) = (vec![0.0f64; 4], vec![0.0f64; 4]);
+    for t in 1..=4 {
+        let scale = [1.0f32, -3.0, 0.5, 2.0][t - 1];
+        (w.square().sum(Kind::Float) * scale as f64).backward();
+        let grads: Vec<f64> = reference.iter().map(|x| 2.0 * x * scale as f64).collect();
+        opt.step(c.learning_rate);
+        let (bc1, bc2) = (1.0 - c.beta1.powi(t as i32), 1.0 - c.beta2.powi(t as i32));
+        for i in 0..4 {
+            reference[i] *= 1.0 - c.learning_rate * c.weight_decay;
+            m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * grads[i];
+            v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * grads[i] * grads[i];
+            let denom = v[i].sqrt() / bc2.sqrt() + c.epsilon;
+            reference[i] -= c.learning_rate / bc1 * m[i] / denom;
+        }
+        for (got, want) in values(&w).iter().zip(&reference) {
+            assert_abs_diff_eq!(*got, *want, epsilon = 1e-5);
+        }
+    }
+}

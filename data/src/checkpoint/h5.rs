@@ -117,12 +117,15 @@ pub fn read_values(
     let split = read_i64s(&ds, "split_dim", path)?;
     let sizes = read_i64s(&ds, "part_sizes", path)?;
     let names = read_str(&ds, "part_names", path)?;
-    let parts = names
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .zip(sizes)
-        .collect();
+    let names: Vec<&str> = names.split(',').filter(|s| !s.is_empty()).collect();
+    if names.len() != sizes.len() {
+        return Err(layout_error(
+            path,
+            name,
+            &format!("{} part names for {} part sizes", names.len(), sizes.len()),
+        ));
+    }
+    let parts = names.into_iter().map(str::to_string).zip(sizes).collect();
     let kind = if read_str(&ds, "dtype", path)? == "BFloat16" {
         Kind::BFloat16
     } else {
@@ -131,17 +134,79 @@ pub fn read_values(
     let spec = ParamSpec {
         name: name.to_string(),
         shape: read_i64s(&ds, "logical_shape", path)?,
-        split_dim: split.first().and_then(|&d| usize::try_from(d).ok()),
+        split_dim: match split.as_slice() {
+            [-1] => None,
+            [d] => Some(usize::try_from(*d).unwrap_or(usize::MAX)),
+            _ => return Err(layout_error(path, name, "`split_dim` is not one integer")),
+        },
         parts,
         tp_size,
         grad_sync: GradSync::Complete,
     };
+    let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
+    check_layout(&spec, &shape).map_err(|m| layout_error(path, name, &m))?;
     Ok(StoredShard {
         values,
-        shape: ds.shape().iter().map(|&d| d as i64).collect(),
+        shape,
         kind,
         spec,
     })
+}
+
+fn layout_error(path: &Path, name: &str, message: &str) -> DataError {
+    DataError::format(path, format!("dataset `{name}`: {message}"))
+}
+
+/// Whether `local` (a stored dataset's shape) is a valid shard of `spec`: a split dimension
+/// inside the shape, parts that tile it, sizes that divide evenly over `tp_size`, and the local
+/// shape the split implies. Hostile attributes fail here, before anything is sliced.
+fn check_layout(spec: &ParamSpec, local: &[i64]) -> Result<(), String> {
+    let logical = &spec.shape;
+    if logical.iter().any(|&d| d < 0) || logical.len() != local.len() {
+        return Err(format!(
+            "logical shape {logical:?} does not fit the stored shape {local:?}"
+        ));
+    }
+    if spec.tp_size < 1 {
+        return Err(format!("tensor-parallel size {}", spec.tp_size));
+    }
+    let Some(d) = spec.split_dim else {
+        return match (spec.parts.is_empty(), logical.as_slice() == local) {
+            (true, true) => Ok(()),
+            (false, _) => Err("named parts without a split dimension".into()),
+            (true, false) => Err(format!(
+                "replicated with logical shape {logical:?} but stored as {local:?}"
+            )),
+        };
+    };
+    if d >= logical.len() {
+        return Err(format!(
+            "split dimension {d} of a {}-D tensor",
+            logical.len()
+        ));
+    }
+    let sizes: Vec<i64> = match spec.parts.is_empty() {
+        true => vec![logical[d]],
+        false => spec.parts.iter().map(|p| p.1).collect(),
+    };
+    let total = sizes.iter().try_fold(0i64, |acc, &s| {
+        (s >= 0).then(|| acc.checked_add(s)).flatten()
+    });
+    if total != Some(logical[d]) || sizes.iter().any(|s| s % spec.tp_size != 0) {
+        return Err(format!(
+            "parts {sizes:?} do not tile dimension {d} ({}) evenly over {} rank(s)",
+            logical[d], spec.tp_size
+        ));
+    }
+    let mut expected = logical.clone();
+    expected[d] /= spec.tp_size;
+    match expected.as_slice() == local {
+        true => Ok(()),
+        false => Err(format!(
+            "a shard of {logical:?} split on dimension {d} over {} rank(s) is {expected:?}, stored {local:?}",
+            spec.tp_size
+        )),
+    }
 }
 
 /// Read `group/name` as a tensor (in its saved dtype) with the spec it was a shard of.

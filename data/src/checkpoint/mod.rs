@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use flux_model::tp::{Collective, ParamSpec, TpContext};
 use tch::Tensor;
 
-pub use h5::{read_tensor, write_values};
+pub use h5::{crc32_f32, read_tensor, write_values};
 pub use reader::{inspect, load, Reader};
 
 use crate::dataset::DataPosition;
-use crate::error::io;
-use crate::error::DataError;
+use crate::error::{io, DataError};
+use crate::failpoint;
 use crate::h5attr::{self, h5err};
 
 /// Version written to every file; readers refuse others.
@@ -90,10 +90,9 @@ fn settle(
     result: Result<(), DataError>,
     dir: &Path,
 ) -> Result<(), DataError> {
-    let mut flag = [if result.is_err() { 1.0f32 } else { 0.0 }];
-    world.all_reduce_sum(&mut flag);
+    let failed = world.count_failures(result.is_err());
     result?;
-    match flag[0] as u32 {
+    match failed {
         0 => Ok(()),
         failed => Err(DataError::PeerFailed {
             dir: dir.display().to_string(),
@@ -130,6 +129,8 @@ fn write_h5(
         h5attr::write_u64(&file, "data_epoch", header.data.epoch, &tmp)?;
         h5attr::write_u64(&file, "data_index", header.data.index, &tmp)?;
         body(&file, &tmp)?;
+        // Flush explicitly: closing the file would swallow an error (a full disk).
+        file.flush().map_err(h5err(&tmp, "flush"))?;
     }
     fsync(&tmp)?;
     fs::rename(&tmp, path).map_err(io(path))
@@ -233,13 +234,19 @@ pub fn save(
     settle(world, prepared, &dir)?;
 
     let written = match layout {
-        CheckpointLayout::Sharded if dp_rank == 0 => write_file(
-            &partial.join(format!("tp_{:02}.h5", tp.rank())),
-            state,
-            specs,
-            tp.rank(),
-            tp.size(),
-        ),
+        CheckpointLayout::Sharded if dp_rank == 0 => {
+            let written = write_file(
+                &partial.join(format!("tp_{:02}.h5", tp.rank())),
+                state,
+                specs,
+                tp.rank(),
+                tp.size(),
+            );
+            if tp.rank() == 0 {
+                failpoint::hit("checkpoint-file", state.step);
+            }
+            written
+        }
         CheckpointLayout::Sharded => Ok(()),
         CheckpointLayout::Unified => {
             let groups = state

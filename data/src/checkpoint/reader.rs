@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use flux_model::tp::ParamSpec;
 use tch::Tensor;
 
 use crate::checkpoint::h5::{read_tensor, read_values};
@@ -59,7 +60,21 @@ impl Reader {
         }
         let files = paths
             .iter()
-            .map(|p| open(p).map(|(f, _)| f))
+            .enumerate()
+            .map(|(rank, p)| {
+                let (file, size) = open(p)?;
+                let file_rank = read_u64(&file, "tp_rank", p)?;
+                if size as usize != tp_size || file_rank != rank as u64 {
+                    return Err(DataError::format(
+                        p,
+                        format!(
+                            "holds tensor-parallel rank {file_rank} of {size}; expected rank \
+                             {rank} of {tp_size}"
+                        ),
+                    ));
+                }
+                Ok(file)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -100,10 +115,16 @@ impl Reader {
     /// The logical tensor `group/name`, reassembled from every rank's shard (CRC-checked).
     pub fn logical(&self, group: &str, name: &str) -> Result<Tensor, DataError> {
         let mut shards = Vec::with_capacity(self.tp_size);
-        let mut spec = None;
+        let mut spec: Option<ParamSpec> = None;
         for (file, path) in self.files.iter().zip(&self.paths) {
             let g = file.group(group).map_err(h5err(path, group))?;
             let (t, s) = read_tensor(&g, name, self.tp_size as i64, path)?;
+            if spec.as_ref().is_some_and(|first| *first != s) {
+                return Err(DataError::format(
+                    path,
+                    format!("`{group}/{name}` is laid out differently than in the first file"),
+                ));
+            }
             shards.push(t);
             spec = Some(s);
         }

@@ -74,7 +74,12 @@ fn create_numeric(
     let chunk: Vec<usize> = std::iter::once(1).chain(shape.iter().copied()).collect();
     macro_rules! build {
         ($t:ty) => {{
-            let mut b = file.new_dataset::<$t>().chunk(chunk).shape(extents);
+            // Fletcher-32 per chunk: every read during training checks the bytes it gets.
+            let mut b = file
+                .new_dataset::<$t>()
+                .chunk(chunk)
+                .shape(extents)
+                .fletcher32();
             if let Some(level) = deflate {
                 b = b.deflate(level);
             }

@@ -185,6 +185,16 @@ impl SlurmConfig {
             "nodes",
             || "nodes, ntasks_per_node and cpus_per_task must be at least 1".into(),
         )?;
+        ConfigError::check(
+            self.nodes.checked_mul(self.ntasks_per_node).is_some(),
+            "ntasks_per_node",
+            || {
+                format!(
+                    "{} nodes × {} tasks overflows",
+                    self.nodes, self.ntasks_per_node
+                )
+            },
+        )?;
         ConfigError::check(valid_time(&self.time), "time", || {
             format!(
                 "{:?} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)",

@@ -12,6 +12,15 @@ pub trait Collective {
     fn all_reduce_sum(&self, data: &mut [f32]);
     /// Write every rank's `data` (equal lengths), in rank order, into `out` (`size()` times longer).
     fn all_gather(&self, data: &[f32], out: &mut [f32]);
+
+    /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
+    /// failure anywhere, so all can stop together instead of one leaving the others in a
+    /// collective.
+    fn count_failures(&self, failed: bool) -> u32 {
+        let mut flag = [if failed { 1.0f32 } else { 0.0 }];
+        self.all_reduce_sum(&mut flag);
+        flag[0] as u32
+    }
 }
 
 /// The group of one rank: every collective is the identity.

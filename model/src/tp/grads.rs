@@ -11,6 +11,10 @@ pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024;
 /// flat buckets of at most [`BUCKET_ELEMENTS`] so that each bucket is one all-reduce. Parameters
 /// without a gradient are skipped. Returns the number of all-reduces issued.
 pub fn all_reduce_grads(params: &[Tensor], comm: &dyn Collective, scale: f64) -> u64 {
+    if comm.size() == 1 && scale == 1.0 {
+        // A group of one: the sum is the gradient itself.
+        return 0;
+    }
     let grads: Vec<Tensor> = params
         .iter()
         .map(Tensor::grad)
@@ -35,20 +39,27 @@ pub fn all_reduce_grads(params: &[Tensor], comm: &dyn Collective, scale: f64) ->
 }
 
 fn reduce_bucket(grads: &[Tensor], comm: &dyn Collective, scale: f64) {
-    let flat = Tensor::cat(
+    let mut flat = Tensor::cat(
         &grads
             .iter()
             .map(|g| g.to_kind(Kind::Float).flatten(0, -1))
             .collect::<Vec<_>>(),
         0,
-    );
-    let mut data = Vec::<f32>::try_from(flat.to_device(Device::Cpu)).expect("f32 buffer");
-    comm.all_reduce_sum(&mut data);
-    let summed = Tensor::from_slice(&data) * scale;
+    )
+    .to_device(Device::Cpu)
+    .contiguous();
+    let n = flat.numel();
+    // SAFETY: `flat` is a contiguous f32 tensor of `n` elements that nothing else references;
+    // the slice is dropped before `flat` is used again.
+    let data = unsafe { std::slice::from_raw_parts_mut(flat.data_ptr() as *mut f32, n) };
+    comm.all_reduce_sum(data);
+    if scale != 1.0 {
+        let _ = flat.g_mul_scalar_(scale);
+    }
     let mut offset = 0;
     for g in grads {
         let n = g.numel() as i64;
-        let piece = summed
+        let piece = flat
             .narrow(0, offset, n)
             .view(g.size().as_slice())
             .to_kind(g.kind())

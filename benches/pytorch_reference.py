@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The PyTorch-eager side of benches/side_by_side.sh: the same work as `flux-hpc bench`, printed
+as the same JSON line.
+
+    .venv/bin/python benches/pytorch_reference.py step CONFIG [--threads N] [--steps K] [--warmup W]
+    .venv/bin/python benches/pytorch_reference.py forward CONFIG [...]
+    .venv/bin/python benches/pytorch_reference.py read SHARD.h5 [...]
+
+`step` is one training step as a PyTorch user would write it with diffusers'
+FluxTransformer2DModel built from the run config's [model] table: fresh random latents, noise,
+text and pooled vectors, logit-normal noise levels, the flow-matching target, MSE loss, backward,
+gradient clipping and torch.optim.AdamW (its default implementation). `forward` is one forward
+pass under torch.no_grad() on a fixed micro-batch. `read` reads every sample of latent shards
+with h5py, decoding bf16/f16 to float32 as flux-hpc's reader does.
+"""
+import argparse
+import json
+import resource
+import statistics
+import time
+import tomllib
+
+import torch
+
+
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def diffusers_model(m):
+    """FluxTransformer2DModel with the shape of flux-hpc's [model] table (tokens packed p×p)."""
+    from diffusers import FluxTransformer2DModel
+
+    if m.get("mlp_ratio", 4.0) != 4.0 or m.get("model_channels", 256) != 256:
+        raise SystemExit("diffusers' Flux fixes mlp_ratio = 4 and 256 timestep channels")
+    p = m.get("patch_size", 1)
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=m["in_channels"] * p * p,
+        num_layers=m["num_joint_layers"],
+        num_single_layers=m["num_single_layers"],
+        attention_head_dim=m["hidden_size"] // m["num_attention_heads"],
+        num_attention_heads=m["num_attention_heads"],
+        joint_attention_dim=m["context_dim"],
+        pooled_projection_dim=m["vec_in_dim"],
+        guidance_embeds=m.get("guidance_embed", False),
+        axes_dims_rope=tuple(m["axes_dim"]),
+    )
+
+
+def timed(args):
+    cfg = tomllib.loads(open(args.config).read())
+    m, t, o = cfg["model"], cfg["training"], cfg.get("optimization", {})
+    torch.manual_seed(t.get("seed", 0))
+    model = diffusers_model(m)
+    p = m.get("patch_size", 1)
+    rows, cols, text = t["latent_height"] // p, t["latent_width"] // p, t["text_len"]
+    channels = m["in_channels"] * p * p
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    img_ids = torch.stack([torch.zeros_like(r), r, c], -1).reshape(rows * cols, 3).float()
+    txt_ids = torch.zeros(text, 3)
+    train = args.what == "step"
+    batch = t["global_batch_size"] if train else t["micro_batch_size"]
+    guidance = (
+        torch.full((batch,), float(m.get("guidance_scale", 3.5)))
+        if m.get("guidance_embed", False)
+        else None
+    )
+
+    def inputs(latents, sigma):
+        return dict(
+            hidden_states=latents,
+            encoder_hidden_states=torch.randn(batch, text, m["context_dim"]),
+            pooled_projections=torch.randn(batch, m["vec_in_dim"]),
+            timestep=sigma,
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            guidance=guidance,
+            return_dict=False,
+        )
+
+    if train:
+        model.train()
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=o.get("learning_rate", 1e-4),
+            betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+            eps=o.get("epsilon", 1e-8),
+            weight_decay=o.get("weight_decay", 0.01),
+        )
+        clip = o.get("gradient_clip", 1.0)
+
+        def work():
+            x0 = torch.randn(batch, rows * cols, channels)
+            noise = torch.randn_like(x0)
+            sigma = torch.sigmoid(torch.randn(batch))
+            s = sigma[:, None, None]
+            pred = model(**inputs((1 - s) * x0 + s * noise, sigma))[0]
+            loss = torch.nn.functional.mse_loss(pred, noise - x0)
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.item()
+
+    else:
+        model.eval()
+        fixed = inputs(torch.randn(batch, rows * cols, channels), torch.rand(batch))
+
+        def work():
+            with torch.no_grad():
+                return model(**fixed)[0].sum().item()
+
+    seconds = []
+    for i in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        work()
+        if i >= args.warmup:
+            seconds.append(time.perf_counter() - start)
+    median = statistics.median(seconds)
+    print(
+        json.dumps(
+            {
+                "impl": "pytorch",
+                "what": args.what,
+                "device": "Cpu",
+                "precision": "fp32",
+                "threads": torch.get_num_threads(),
+                "ranks": 1,
+                "tp": 1,
+                "samples": batch,
+                "image_tokens": rows * cols,
+                "text_tokens": text,
+                "seconds": seconds,
+                "median_s": median,
+                "samples_per_s": batch / median,
+                "peak_rss_mib": peak_rss_mib(),
+            }
+        )
+    )
+
+
+def read(args):
+    import h5py
+    import numpy as np
+
+    def decode(raw):
+        if raw.dtype == np.uint16:  # bfloat16 bits
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float32)
+
+    files = [h5py.File(path, "r") for path in args.paths]
+    columns = ["latents", "latents_logvar", "t5", "clip"]
+    start = time.perf_counter()
+    samples, stored, checksum = 0, 0, 0.0
+    for f in files:
+        present = [f[name] for name in columns if name in f]
+        ids = f["ids"]
+        for i in range(int(f.attrs["num_samples"])):
+            values = [decode(ds[i]) for ds in present]
+            _ = ids[i]
+            checksum += float(values[0].flat[0])
+            stored += sum(ds.dtype.itemsize * v.size for ds, v in zip(present, values))
+            samples += 1
+    seconds = time.perf_counter() - start
+    print(
+        json.dumps(
+            {
+                "impl": "h5py",
+                "what": "read",
+                "samples": samples,
+                "seconds": seconds,
+                "samples_per_s": samples / seconds,
+                "mib_per_s": stored / seconds / (1 << 20),
+                "checksum": checksum,
+            }
+        )
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    for what in ("step", "forward"):
+        s = sub.add_parser(what)
+        s.add_argument("config")
+        s.add_argument("--threads", type=int, default=None)
+        s.add_argument("--steps", type=int, default=5)
+        s.add_argument("--warmup", type=int, default=1)
+    r = sub.add_parser("read")
+    r.add_argument("paths", nargs="+")
+    args = ap.parse_args()
+    if args.what == "read":
+        read(args)
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    timed(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+//! How the process' C allocator treats large freed blocks. libtorch allocates every tensor with
+//! `malloc`; glibc serves blocks above its mmap threshold (128 KiB, rising to at most 32 MiB) with
+//! fresh `mmap`s and returns them on free, so every training step faults in and zeroes its
+//! activations' pages again. Keeping freed memory in the heap for reuse removes that work.
+
+/// Largest mmap threshold glibc accepts on 64-bit Linux, bytes.
+const MMAP_THRESHOLD: i32 = 32 << 20;
+
+/// Set `FLUX_HPC_MALLOC=system` to keep glibc's defaults (to compare, or under another
+/// allocator such as jemalloc preloaded).
+pub const ENV: &str = "FLUX_HPC_MALLOC";
+
+/// Serve allocations up to 32 MiB from the heap and never trim freed memory back to the OS, so
+/// that the buffers of one step are reused by the next (the peak resident set is unchanged: it
+/// is what a step needs anyway). Call once, first thing in `main`. Measured in
+/// docs/benchmarks.md.
+pub fn reuse_freed_buffers() {
+    if std::env::var(ENV).is_ok_and(|v| v == "system") {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; it is called before any other thread
+    // exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}

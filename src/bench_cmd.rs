@@ -1,0 +1,296 @@
+//! `flux-hpc bench`: time training steps, forward passes, libtorch's matrix-multiplication rate
+//! and the latent reader, printing one JSON object per measurement — what
+//! `benches/side_by_side.sh` compares with PyTorch, and what a user sizing a run wants to know.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use flux_cluster::{ParallelWorld, Placement};
+use flux_data::dataset::LatentDataset;
+use flux_model::flops::ForwardFlops;
+use flux_model::{Flux, FluxBatch};
+use flux_train::metrics::peak_rss_mib;
+use flux_train::{build_model, RunConfig, Trainer};
+use serde_json::json;
+use tch::{Device, Kind, Tensor};
+
+use crate::{ConfigArgs, DeviceArgs};
+
+/// Arguments of `flux-hpc bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchWhat {
+    /// Time training steps (forward, backward, gradient completion, clipping, AdamW) on
+    /// synthetic data at the config's [training] shape; under mpirun every rank joins
+    /// (tensor × data parallel as [parallelism] says).
+    ///
+    /// Example: mpirun -np 2 flux-hpc bench step benches/side_by_side.toml --threads 1
+    Step(TimedArgs),
+    /// Time forward passes without gradients on one rank's micro-batch at the same shape.
+    ///
+    /// Example: flux-hpc bench forward benches/side_by_side.toml --threads 2
+    Forward(TimedArgs),
+    /// Measure libtorch's f32 matrix-multiplication rate (n × n by n × n), the denominator of
+    /// model FLOPs utilisation.
+    Matmul(MatmulArgs),
+    /// Read every sample of latent shards once (decoded to f32, checksums verified) and report
+    /// samples/s and MiB/s of stored bytes.
+    Read(ReadArgs),
+}
+
+#[derive(Debug, Args)]
+struct TimedArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Untimed repetitions first.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Intra-op threads per rank (default: the cores available to the rank).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct MatmulArgs {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Multiply in bfloat16 instead of f32 (the rate bf16 training is measured against).
+    #[arg(long)]
+    bf16: bool,
+    /// Matrix side.
+    #[arg(long, default_value_t = 2048)]
+    size: i64,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+    /// Intra-op threads.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct ReadArgs {
+    /// Shard files or directories of `*.h5`.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+}
+
+/// Run the chosen measurement and print its JSON line (rank 0 only under MPI).
+pub fn run(args: BenchArgs) -> Result<()> {
+    match args.what {
+        BenchWhat::Step(a) => timed(a, true),
+        BenchWhat::Forward(a) => timed(a, false),
+        BenchWhat::Matmul(a) => matmul(a),
+        BenchWhat::Read(a) => read(a),
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// Wait for queued device work, so that wall times cover it.
+fn synchronize(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// What `bench step` and `bench forward` repeat.
+enum Work<'a> {
+    /// Training steps.
+    Step(Box<Trainer<'a>>),
+    /// Forward passes of the model on a fixed batch.
+    Forward(Box<Flux>, FluxBatch),
+}
+
+fn timed(args: TimedArgs, train: bool) -> Result<()> {
+    let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
+    let placement = Placement::from_env()?;
+    let threads = args.threads.unwrap_or_else(|| placement.threads());
+    tch::set_num_threads(threads as i32);
+    let world =
+        ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
+    let device = args.device.device.resolve(placement.local_rank)?;
+    let t = &run.training;
+    let p = run.model.patch_size;
+    let (rows, cols) = (t.latent_height / p, t.latent_width / p);
+    // Steps take the global batch over all replicas; forward passes one rank's micro-batch.
+    let mut work = if train {
+        Work::Step(Box::new(Trainer::new(
+            &run,
+            device,
+            world.tp.clone(),
+            world.dp.as_ref(),
+        )?))
+    } else {
+        let model = build_model(&run, device, world.tp.clone())?;
+        // The inputs in the weights' dtype, as the trainer feeds them.
+        let kind = model.transformer.x_embedder.weight.kind();
+        let b = FluxBatch::random(
+            &run.model,
+            t.micro_batch_size as i64,
+            rows,
+            cols,
+            t.text_len,
+            device,
+        );
+        let batch = FluxBatch {
+            img: b.img.to_kind(kind),
+            txt: b.txt.to_kind(kind),
+            y: b.y.to_kind(kind),
+            ..b
+        };
+        Work::Forward(Box::new(model), batch)
+    };
+    let samples = if train {
+        t.global_batch_size
+    } else {
+        t.micro_batch_size
+    };
+    let mut seconds = Vec::with_capacity(args.steps);
+    for i in 0..args.warmup + args.steps {
+        synchronize(device);
+        let start = Instant::now();
+        match &mut work {
+            Work::Step(trainer) => {
+                trainer.train_step()?;
+            }
+            Work::Forward(model, batch) => {
+                let _ = tch::no_grad(|| model.forward(&batch.as_input()))?;
+            }
+        }
+        synchronize(device);
+        if i >= args.warmup {
+            seconds.push(start.elapsed().as_secs_f64());
+        }
+    }
+    drop(work);
+    if world.world.rank() != 0 {
+        return Ok(());
+    }
+    // The whole model's FLOPs on all `samples`, however the ranks share them.
+    let flops = ForwardFlops::of(&run.model, samples as i64, rows * cols, t.text_len);
+    let per_step = if train {
+        flops.training_step()
+    } else {
+        flops.total()
+    };
+    let m = median(&seconds);
+    let out = json!({
+        "impl": "flux-hpc",
+        "what": if train { "step" } else { "forward" },
+        "device": format!("{device:?}"),
+        "precision": format!("{:?}", t.precision).to_lowercase(),
+        "threads": threads,
+        "ranks": world.world.size(),
+        "tp": world.tp.size(),
+        "samples": samples,
+        "image_tokens": rows * cols,
+        "text_tokens": t.text_len,
+        "seconds": seconds,
+        "median_s": m,
+        "samples_per_s": samples as f64 / m,
+        "flops": per_step,
+        "flops_per_s": per_step / m,
+        "peak_rss_mib": peak_rss_mib(),
+    });
+    println!("{out}");
+    Ok(())
+}
+
+fn matmul(args: MatmulArgs) -> Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    tch::set_num_threads(threads as i32);
+    let device = args.device.device.resolve(0)?;
+    let n = args.size;
+    let kind = if args.bf16 {
+        Kind::BFloat16
+    } else {
+        Kind::Float
+    };
+    let (a, b) = (
+        Tensor::randn([n, n], (kind, device)),
+        Tensor::randn([n, n], (kind, device)),
+    );
+    let _ = a.matmul(&b);
+    let seconds: Vec<f64> = (0..args.repeats)
+        .map(|_| {
+            synchronize(device);
+            let start = Instant::now();
+            let _ = a.matmul(&b);
+            synchronize(device);
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    let m = median(&seconds);
+    let flops = 2.0 * (n as f64).powi(3);
+    println!(
+        "{}",
+        json!({
+            "impl": "libtorch",
+            "what": "matmul",
+            "device": format!("{device:?}"),
+            "precision": if args.bf16 { "bf16" } else { "fp32" },
+            "threads": threads,
+            "size": n,
+            "median_s": m,
+            "flops_per_s": flops / m,
+        })
+    );
+    Ok(())
+}
+
+fn read(args: ReadArgs) -> Result<()> {
+    let data = LatentDataset::open(&args.paths)?;
+    if data.is_empty() {
+        bail!("no samples to read");
+    }
+    let layout = data.layout().clone();
+    let per_sample: usize = layout
+        .numeric()
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>() * layout.dtype.size())
+        .sum();
+    let start = Instant::now();
+    let mut checksum = 0f64;
+    for i in 0..data.len() {
+        let sample = data.read(i)?;
+        checksum += sample.latents[0] as f64;
+    }
+    let s = start.elapsed().as_secs_f64();
+    let n = data.len() as f64;
+    println!(
+        "{}",
+        json!({
+            "impl": "flux-hpc",
+            "what": "read",
+            "samples": data.len(),
+            "seconds": s,
+            "samples_per_s": n / s,
+            "mib_per_s": n * per_sample as f64 / s / (1 << 20) as f64,
+            "checksum": checksum,
+        })
+    );
+    Ok(())
+}
