@@ -14,8 +14,9 @@ use flux_model::{Flux, FluxBatch};
 use flux_train::metrics::peak_rss_mib;
 use flux_train::{build_model, RunConfig, Trainer};
 use serde_json::json;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
+use crate::timing::{median, synchronize};
 use crate::{ConfigArgs, DeviceArgs};
 
 /// Arguments of `flux-hpc bench`.
@@ -94,23 +95,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchWhat::Forward(a) => timed(a, false),
         BenchWhat::Matmul(a) => matmul(a),
         BenchWhat::Read(a) => read(a),
-    }
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
-}
-
-/// Wait for queued device work, so that wall times cover it.
-fn synchronize(device: Device) {
-    if let Device::Cuda(index) = device {
-        tch::Cuda::synchronize(index as i64);
     }
 }
 

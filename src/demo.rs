@@ -10,6 +10,7 @@ use flux_train::RunConfig;
 
 use crate::info::group_digits;
 use crate::resolution::Resolution;
+use crate::timing::{median, synchronize};
 use crate::{ConfigArgs, DeviceArgs};
 
 /// Arguments of `flux-hpc demo`.
@@ -92,9 +93,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     for i in 0..=args.repeats {
         let start = Instant::now();
         let y = tch::no_grad(|| model.forward(&input))?;
-        if let tch::Device::Cuda(index) = device {
-            tch::Cuda::synchronize(index as i64);
-        }
+        synchronize(device);
         let seconds = start.elapsed().as_secs_f64();
         tracing::debug!(pass = i, seconds, "forward");
         if i > 0 {
@@ -103,8 +102,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         out = Some(y);
     }
     let out = out.expect("at least one pass");
-    times.sort_by(f64::total_cmp);
-    let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    let median = median(&times);
     println!(
         "velocity          {:?}  (mean {:+.4}, std {:.4})",
         out.size(),

@@ -10,6 +10,7 @@ mod info;
 mod resolution;
 mod sample_cmd;
 mod slurm_cmd;
+mod timing;
 mod train_cmd;
 
 use std::io::IsTerminal;

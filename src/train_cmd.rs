@@ -126,7 +126,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             Ok(stats) => stats,
             Err(StepError::NonFinite(report)) => {
                 bar.finish_and_clear();
-                return Err(stop_for_nonfinite(&report, dir, world.world.rank()));
+                return Err(stop_for_nonfinite(report, dir, world.world.rank()));
             }
             // A read error on this rank alone: the others may wait in a collective already.
             Err(e @ StepError::Data(_)) => abort_job(&world, e.into()),
@@ -241,13 +241,11 @@ fn newest_usable_checkpoint(
         }
     };
     let mut candidates = checkpoint::list(dir)?;
-    candidates.sort();
-    candidates.reverse();
     if let Some(latest) = &latest {
         candidates.retain(|c| c <= latest);
     }
     let mut passed_over = 0;
-    for candidate in &candidates {
+    for candidate in candidates.iter().rev() {
         let loaded = checkpoint::load(candidate);
         if let Err(e) = &loaded {
             tracing::warn!("checkpoint {} is unusable: {e}", candidate.display());
@@ -286,15 +284,15 @@ fn abort_job(world: &ParallelWorld, error: anyhow::Error) -> ! {
 
 /// Write this rank's diagnostic dump `nonfinite_step_<N>.rank_<R>.json` into the run directory
 /// and return the error the run stops with.
-fn stop_for_nonfinite(report: &NonFiniteReport, dir: &Path, rank: usize) -> anyhow::Error {
+fn stop_for_nonfinite(report: Box<NonFiniteReport>, dir: &Path, rank: usize) -> anyhow::Error {
     let path = dir.join(format!(
         "nonfinite_step_{:09}.rank_{rank}.json",
         report.step
     ));
-    let written = serde_json::to_string_pretty(report)
+    let written = serde_json::to_string_pretty(&report)
         .map_err(anyhow::Error::from)
         .and_then(|json| Ok(std::fs::write(&path, json)?));
-    let error = anyhow::Error::new(StepError::NonFinite(Box::new(report.clone())));
+    let error = anyhow::Error::new(StepError::NonFinite(report));
     match written {
         Ok(()) => error.context(format!("diagnostics in {}", path.display())),
         Err(e) => error.context(format!("and writing {} failed: {e}", path.display())),

@@ -301,15 +301,14 @@ fn publish(
     fsync(&tmp)?;
     fs::rename(&tmp, &latest).map_err(io(&latest))?;
     fsync(run_dir)?;
-    let mut steps = list(run_dir)?;
-    steps.sort();
-    for old in steps.iter().rev().skip(keep.max(1)) {
+    for old in list(run_dir)?.iter().rev().skip(keep.max(1)) {
         fs::remove_dir_all(old).map_err(io(old))?;
     }
     Ok(())
 }
 
-/// The published checkpoints of `run_dir` (directories named `step_*`, no `.partial`).
+/// The published checkpoints of `run_dir` (directories named `step_*`, no `.partial`), oldest
+/// first (the names hold zero-padded step numbers).
 pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     if !run_dir.exists() {
@@ -322,6 +321,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
             out.push(path);
         }
     }
+    out.sort();
     Ok(out)
 }
 
