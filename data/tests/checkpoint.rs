@@ -1,8 +1,8 @@
 //! HDF5 checkpoints on disk: atomic publication, pruning, resharding and corruption detection.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use flux_data::checkpoint::{self, CheckpointLayout, TrainingState};
+use flux_data::checkpoint::{self, CheckpointLayout, CheckpointWriter, TrainingState};
 use flux_data::DataError;
 use flux_model::tp::{parts, LinearDecl, LinearInit, ParamSpec, Shard, SingleRank, TpContext};
 use tch::{Device, Kind, Tensor};
@@ -42,6 +42,18 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
     }
 }
 
+/// A one-process sharded checkpoint writer into `dir` keeping `keep`.
+fn writer<'a>(dir: &'a Path, tp: &'a TpContext, keep: usize) -> CheckpointWriter<'a> {
+    CheckpointWriter {
+        run_dir: dir,
+        layout: CheckpointLayout::Sharded,
+        keep,
+        tp,
+        dp_rank: 0,
+        world: &SingleRank,
+    }
+}
+
 #[test]
 fn a_single_rank_checkpoint_round_trips_and_publishes_latest() {
     let dir = temp("roundtrip");
@@ -50,17 +62,12 @@ fn a_single_rank_checkpoint_round_trips_and_publishes_latest() {
     let b = Tensor::randn([8], (Kind::Float, Device::Cpu));
     let tp = TpContext::single();
     for step in [3, 6, 9] {
-        checkpoint::save(
-            &dir,
-            &state(step, vec![&w * step as f64, b.shallow_clone()]),
-            &specs,
-            CheckpointLayout::Sharded,
-            &tp,
-            0,
-            &SingleRank,
-            2,
-        )
-        .unwrap();
+        writer(&dir, &tp, 2)
+            .save(
+                &state(step, vec![&w * step as f64, b.shallow_clone()]),
+                &specs,
+            )
+            .unwrap();
     }
     let latest = checkpoint::latest(&dir).unwrap().unwrap();
     assert!(latest.ends_with("step_000000009"));
@@ -93,17 +100,12 @@ fn a_changed_value_is_detected_by_its_checksum() {
     let specs = specs(1);
     let w = Tensor::randn([8, 3], (Kind::Float, Device::Cpu));
     let tp = TpContext::single();
-    let saved = checkpoint::save(
-        &dir,
-        &state(1, vec![w, Tensor::zeros([8], (Kind::Float, Device::Cpu))]),
-        &specs,
-        CheckpointLayout::Sharded,
-        &tp,
-        0,
-        &SingleRank,
-        1,
-    )
-    .unwrap();
+    let saved = writer(&dir, &tp, 1)
+        .save(
+            &state(1, vec![w, Tensor::zeros([8], (Kind::Float, Device::Cpu))]),
+            &specs,
+        )
+        .unwrap();
     let file = saved.join("tp_00.h5");
     {
         let f = hdf5::File::open_rw(&file).unwrap();
@@ -112,10 +114,16 @@ fn a_changed_value_is_detected_by_its_checksum() {
         data[5] += 1.0;
         ds.write_raw(&data).unwrap();
     }
+    // `ckpt inspect` sees what resuming would reject, in a moment group too, named with its group.
+    let inspected = checkpoint::inspect(&saved).expect_err("inspect finds it");
+    assert!(
+        matches!(&inspected, DataError::Corrupt { dataset, .. } if dataset == "exp_avg/layer.weight"),
+        "{inspected}"
+    );
     match checkpoint::load(&saved) {
         Err(DataError::Corrupt { path, dataset }) => {
             assert!(path.ends_with("tp_00.h5"));
-            assert_eq!(dataset, "layer.weight");
+            assert_eq!(dataset, "exp_avg/layer.weight");
         }
         Err(other) => panic!("expected a checksum error, got {other}"),
         Ok(_) => panic!("a corrupt checkpoint loaded"),
@@ -134,6 +142,33 @@ fn latest_pointing_nowhere_is_an_error() {
     std::fs::write(dir.join("latest"), "step_000000042\n").unwrap();
     let err = checkpoint::latest(&dir).unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
+    // Malformed pointers are errors too, never "no checkpoint" (which would start the run over).
+    std::fs::create_dir_all(dir.join("step_000000001")).unwrap();
+    let abs = dir.join("step_000000001").display().to_string();
+    for text in [
+        "",
+        "  \n",
+        abs.as_str(),
+        "../step_000000001",
+        "step_000000001/",
+        ".",
+    ] {
+        std::fs::write(dir.join("latest"), text).unwrap();
+        let err = checkpoint::latest(&dir).expect_err(text).to_string();
+        assert!(
+            err.contains("not the name of a checkpoint directory"),
+            "{text:?}: {err}"
+        );
+    }
+    // Nor may a special file stall it.
+    std::fs::remove_file(dir.join("latest")).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(dir.join("latest"))
+        .status()
+        .unwrap()
+        .success());
+    let err = checkpoint::latest(&dir).unwrap_err().to_string();
+    assert!(err.contains("FIFO"), "{err}");
     assert!(checkpoint::latest(&temp("empty")).unwrap().is_none());
     std::fs::remove_dir_all(dir).unwrap();
 }

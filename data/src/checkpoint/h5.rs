@@ -106,12 +106,14 @@ pub fn read_values(
     tp_size: i64,
     path: &Path,
 ) -> Result<StoredShard, DataError> {
-    let ds = group.dataset(name).map_err(h5err(path, name))?;
-    let values = ds.read_raw::<f32>().map_err(h5err(path, name))?;
+    // Errors name the dataset with its group: `exp_avg/x.weight`.
+    let full = format!("{}/{name}", group.name().trim_start_matches('/'));
+    let ds = group.dataset(name).map_err(h5err(path, &full))?;
+    let values = ds.read_raw::<f32>().map_err(h5err(path, &full))?;
     if crc32_f32(&values) as u64 != read_u64(&ds, "crc32", path)? {
         return Err(DataError::Corrupt {
             path: path.display().to_string(),
-            dataset: name.to_string(),
+            dataset: full,
         });
     }
     let split = read_i64s(&ds, "split_dim", path)?;
@@ -121,7 +123,7 @@ pub fn read_values(
     if names.len() != sizes.len() {
         return Err(layout_error(
             path,
-            name,
+            &full,
             &format!("{} part names for {} part sizes", names.len(), sizes.len()),
         ));
     }
@@ -137,14 +139,14 @@ pub fn read_values(
         split_dim: match split.as_slice() {
             [-1] => None,
             [d] => Some(usize::try_from(*d).unwrap_or(usize::MAX)),
-            _ => return Err(layout_error(path, name, "`split_dim` is not one integer")),
+            _ => return Err(layout_error(path, &full, "`split_dim` is not one integer")),
         },
         parts,
         tp_size,
         grad_sync: GradSync::Complete,
     };
     let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
-    check_layout(&spec, &shape).map_err(|m| layout_error(path, name, &m))?;
+    check_layout(&spec, &shape).map_err(|m| layout_error(path, &full, &m))?;
     Ok(StoredShard {
         values,
         shape,

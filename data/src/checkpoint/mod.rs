@@ -207,80 +207,107 @@ pub fn write_weights(
     Ok(dir)
 }
 
-/// Write `state` as checkpoint `step` under `run_dir` (a collective over `world`: every rank calls
-/// it). Sharded: data-parallel rank 0 of each tensor-parallel group writes `tp_XX.h5`. Unified:
-/// tensors are gathered over the group and world rank 0 writes `model.h5`. Publishes `latest` and
-/// keeps the newest `keep` checkpoints. Returns the checkpoint directory.
-#[allow(clippy::too_many_arguments)]
-pub fn save(
-    run_dir: &Path,
-    state: &TrainingState,
-    specs: &[ParamSpec],
-    layout: CheckpointLayout,
-    tp: &TpContext,
-    dp_rank: usize,
-    world: &dyn Collective,
-    keep: usize,
-) -> Result<PathBuf, DataError> {
-    let name = step_dir_name(state.step);
-    let (dir, partial) = (run_dir.join(&name), run_dir.join(format!("{name}.partial")));
-    let leader = world.rank() == 0;
-    let prepared = if leader {
-        let _ = fs::remove_dir_all(&partial);
-        fs::create_dir_all(&partial).map_err(io(&partial))
-    } else {
-        Ok(())
-    };
-    settle(world, prepared, &dir)?;
+/// Where and how a run writes its checkpoints. [`CheckpointWriter::save`] is a collective over
+/// `world`: every rank calls it.
+pub struct CheckpointWriter<'a> {
+    /// The run directory.
+    pub run_dir: &'a Path,
+    /// One file per tensor-parallel rank, or one file of logical tensors.
+    pub layout: CheckpointLayout,
+    /// Checkpoints kept: older ones are deleted after a new one is published.
+    pub keep: usize,
+    /// This rank's tensor-parallel group.
+    pub tp: &'a TpContext,
+    /// This rank's data-parallel index (only index 0 of each tensor-parallel group writes).
+    pub dp_rank: usize,
+    /// Every rank.
+    pub world: &'a dyn Collective,
+}
 
-    let written = match layout {
-        CheckpointLayout::Sharded if dp_rank == 0 => {
-            let written = write_file(
-                &partial.join(format!("tp_{:02}.h5", tp.rank())),
-                state,
-                specs,
-                tp.rank(),
-                tp.size(),
-            );
-            if tp.rank() == 0 {
-                failpoint::hit("checkpoint-file", state.step);
-            }
-            written
+impl CheckpointWriter<'_> {
+    /// Write `state` (local shards of `specs`) as checkpoint `state.step`. Sharded: data-parallel
+    /// rank 0 of each tensor-parallel group writes `tp_XX.h5`. Unified: tensors are gathered over
+    /// the group and world rank 0 writes `model.h5`. Publishes `latest` and applies retention.
+    /// On failure every rank gets an error and no `.partial` directory is left behind. Returns
+    /// the checkpoint directory.
+    pub fn save(&self, state: &TrainingState, specs: &[ParamSpec]) -> Result<PathBuf, DataError> {
+        let name = step_dir_name(state.step);
+        let partial = self.run_dir.join(format!("{name}.partial"));
+        let saved = self.write(state, specs, &name, &partial);
+        if saved.is_err() && self.world.rank() == 0 {
+            // Leave nothing half-written behind: it would hold disk space a retry needs.
+            let _ = fs::remove_dir_all(&partial);
         }
-        CheckpointLayout::Sharded => Ok(()),
-        CheckpointLayout::Unified => {
-            let groups = state
-                .groups
-                .each_ref()
-                .map(|g| specs.iter().zip(g).map(|(s, t)| tp.gather(s, t)).collect());
-            let logical: Vec<ParamSpec> = specs
-                .iter()
-                .map(|s| ParamSpec {
-                    tp_size: 1,
-                    ..s.clone()
-                })
-                .collect();
-            let unified = TrainingState {
-                groups,
-                config: state.config.clone(),
-                ..*state
-            };
-            if leader {
-                write_file(&partial.join("model.h5"), &unified, &logical, 0, 1)
-            } else {
-                Ok(())
-            }
-        }
-    };
-    settle(world, written, &dir)?;
+        saved.map(|()| self.run_dir.join(name))
+    }
 
-    let published = if leader {
-        publish(run_dir, &partial, &dir, &name, keep)
-    } else {
-        Ok(())
-    };
-    settle(world, published, &dir)?;
-    Ok(dir)
+    /// The steps of [`CheckpointWriter::save`], each settled collectively.
+    fn write(
+        &self,
+        state: &TrainingState,
+        specs: &[ParamSpec],
+        name: &str,
+        partial: &Path,
+    ) -> Result<(), DataError> {
+        let (tp, world) = (self.tp, self.world);
+        let dir = self.run_dir.join(name);
+        let leader = world.rank() == 0;
+        let prepared = if leader {
+            let _ = fs::remove_dir_all(partial);
+            fs::create_dir_all(partial).map_err(io(partial))
+        } else {
+            Ok(())
+        };
+        settle(world, prepared, &dir)?;
+
+        let written = match self.layout {
+            CheckpointLayout::Sharded if self.dp_rank == 0 => {
+                let written = write_file(
+                    &partial.join(format!("tp_{:02}.h5", tp.rank())),
+                    state,
+                    specs,
+                    tp.rank(),
+                    tp.size(),
+                );
+                if tp.rank() == 0 {
+                    failpoint::hit("checkpoint-file", state.step);
+                }
+                written
+            }
+            CheckpointLayout::Sharded => Ok(()),
+            CheckpointLayout::Unified => {
+                let groups = state
+                    .groups
+                    .each_ref()
+                    .map(|g| specs.iter().zip(g).map(|(s, t)| tp.gather(s, t)).collect());
+                let logical: Vec<ParamSpec> = specs
+                    .iter()
+                    .map(|s| ParamSpec {
+                        tp_size: 1,
+                        ..s.clone()
+                    })
+                    .collect();
+                let unified = TrainingState {
+                    groups,
+                    config: state.config.clone(),
+                    ..*state
+                };
+                if leader {
+                    write_file(&partial.join("model.h5"), &unified, &logical, 0, 1)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        settle(world, written, &dir)?;
+
+        let published = if leader {
+            publish(self.run_dir, partial, &dir, name, self.keep)
+        } else {
+            Ok(())
+        };
+        settle(world, published, &dir)
+    }
 }
 
 fn publish(
@@ -301,14 +328,23 @@ fn publish(
     fsync(&tmp)?;
     fs::rename(&tmp, &latest).map_err(io(&latest))?;
     fsync(run_dir)?;
-    for old in list(run_dir)?.iter().rev().skip(keep.max(1)) {
+    for old in retired(&list(run_dir)?, dir, keep) {
         fs::remove_dir_all(old).map_err(io(old))?;
     }
     Ok(())
 }
 
-/// The published checkpoints of `run_dir` (directories named `step_*`, no `.partial`), oldest
-/// first (the names hold zero-padded step numbers).
+/// The checkpoints retention deletes after `published` became `latest`, from `existing` (sorted
+/// by step): those older than `published` beyond the newest `keep - 1` of them. `published`
+/// itself and anything newer (left by an earlier run, or passed over by a fallback) are never
+/// deleted, so `latest` always names a checkpoint that exists.
+fn retired<'a>(existing: &'a [PathBuf], published: &Path, keep: usize) -> &'a [PathBuf] {
+    let older = existing.partition_point(|c| c.as_path() < published);
+    &existing[..older.saturating_sub(keep.max(1) - 1)]
+}
+
+/// The published checkpoints of `run_dir` (directories named `step_` and digits, so no
+/// `.partial`), oldest first (the names hold zero-padded step numbers).
 pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     if !run_dir.exists() {
@@ -317,7 +353,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     for entry in fs::read_dir(run_dir).map_err(io(run_dir))? {
         let path = entry.map_err(io(run_dir))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if path.is_dir() && name.starts_with("step_") && !name.ends_with(".partial") {
+        if path.is_dir() && is_step_dir_name(name) {
             out.push(path);
         }
     }
@@ -325,19 +361,96 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     Ok(out)
 }
 
-/// The checkpoint `latest` points to, if any.
+/// The checkpoint `latest` points to, if any. `latest` must hold one checkpoint directory name
+/// of this run directory (`step_000000123`, a trailing newline allowed): anything else (empty,
+/// whitespace, an absolute or relative path, another name, a target that does not exist) is an
+/// error naming the pointer and what it holds, never a silent "no checkpoint".
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, DataError> {
     let pointer = run_dir.join("latest");
     if !pointer.exists() {
         return Ok(None);
     }
-    let name = fs::read_to_string(&pointer).map_err(io(&pointer))?;
-    let dir = run_dir.join(name.trim());
+    let text = crate::files::read_to_string_limited(&pointer, 4096)?;
+    let name = text.trim();
+    if !is_step_dir_name(name) {
+        return Err(DataError::format(
+            &pointer,
+            format!("holds {text:?}, not the name of a checkpoint directory like `step_000000123`"),
+        ));
+    }
+    let dir = run_dir.join(name);
     if !dir.is_dir() {
-        return Err(DataError::Format {
-            path: pointer.display().to_string(),
-            message: format!("points to {} which does not exist", dir.display()),
-        });
+        return Err(DataError::format(
+            &pointer,
+            format!("points to {} which does not exist", dir.display()),
+        ));
     }
     Ok(Some(dir))
+}
+
+/// Whether `name` is a published checkpoint directory's name: `step_` and decimal digits.
+fn is_step_dir_name(name: &str) -> bool {
+    name.strip_prefix("step_")
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Delete every published checkpoint, the `latest` pointer and leftovers of interrupted saves
+/// (`*.partial`, `latest.tmp`) in `run_dir`, returning what was removed: for a run started over
+/// on purpose (`flux-hpc train --force` with `resume = false`).
+pub fn remove_all(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(run_dir).map_err(io(run_dir))? {
+        let path = entry.map_err(io(run_dir))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let stale = matches!(name, "latest" | "latest.tmp");
+        let step = name.starts_with("step_") && path.is_dir();
+        if step {
+            fs::remove_dir_all(&path).map_err(io(&path))?;
+        } else if stale {
+            fs::remove_file(&path).map_err(io(&path))?;
+        } else {
+            continue;
+        }
+        removed.push(path);
+    }
+    removed.sort();
+    fsync(run_dir)?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_step_names_are_checkpoint_names() {
+        for good in ["step_000000001", "step_7"] {
+            assert!(is_step_dir_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            " ",
+            "step_",
+            "step_12.partial",
+            "/abs/step_1",
+            "../step_1",
+            "step_1/x",
+        ] {
+            assert!(!is_step_dir_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn retention_never_deletes_the_published_or_newer_checkpoints() {
+        let run = Path::new("/run");
+        let steps =
+            |s: &[u64]| -> Vec<PathBuf> { s.iter().map(|&s| run.join(step_dir_name(s))).collect() };
+        let existing = steps(&[10, 20, 30, 40, 50]);
+        // The usual case: the newest was just published.
+        assert_eq!(retired(&existing, &existing[4], 2), steps(&[10, 20, 30]));
+        // A run that restarted at 20 next to an earlier run's 30..50 keeps those and itself.
+        assert_eq!(retired(&existing, &existing[1], 1), steps(&[10]));
+        assert_eq!(retired(&existing, &existing[1], 5), steps(&[]));
+        assert_eq!(retired(&existing, &existing[0], 1), steps(&[]));
+    }
 }

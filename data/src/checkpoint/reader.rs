@@ -104,12 +104,26 @@ impl Reader {
         self.files[0].group(group).is_ok()
     }
 
-    /// Tensor names of `group`, sorted.
+    /// Tensor names of `group`, sorted; every file must hold the same ones.
     pub fn names(&self, group: &str) -> Result<Vec<String>, DataError> {
-        self.files[0]
-            .group(group)
-            .and_then(|g| g.member_names())
-            .map_err(h5err(&self.paths[0], group))
+        let names_in = |file: &hdf5::File, path: &Path| {
+            file.group(group)
+                .and_then(|g| g.member_names())
+                .map_err(h5err(path, group))
+        };
+        let names = names_in(&self.files[0], &self.paths[0])?;
+        for (file, path) in self.files.iter().zip(&self.paths).skip(1) {
+            if names_in(file, path)? != names {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "group `{group}` holds other tensors than in {}",
+                        self.paths[0].display()
+                    ),
+                ));
+            }
+        }
+        Ok(names)
     }
 
     /// The logical tensor `group/name`, reassembled from every rank's shard (CRC-checked).
@@ -207,6 +221,14 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
 }
 
 /// One line per parameter of checkpoint `dir`: name, logical shape, dtype and shard layout.
+/// Every tensor of every group is read and checked first, exactly as [`load`] reads them, so a
+/// checkpoint that inspects cleanly is one that training can resume from.
 pub fn inspect(dir: &Path) -> Result<Vec<String>, DataError> {
-    Reader::open(dir)?.describe()
+    let reader = Reader::open(dir)?;
+    for group in GROUPS.into_iter().filter(|g| reader.has_group(g)) {
+        for name in reader.names(group)? {
+            drop(reader.logical(group, &name)?);
+        }
+    }
+    reader.describe()
 }
