@@ -29,6 +29,9 @@ impl RetryPolicy {
     }
 }
 
+/// Largest manifest or MD5 list accepted (a million names fit in far less).
+pub const MAX_LISTING: u64 = 64 << 20;
+
 /// Why one attempt failed.
 enum Attempt {
     /// Worth retrying (429, 503, a broken connection, a checksum mismatch).
@@ -53,7 +56,8 @@ impl Client {
         Self { agent, policy }
     }
 
-    fn attempt(&self, url: &str, sink: &mut dyn Write) -> Result<String, Attempt> {
+    /// One GET of `url` into `sink`, at most `limit` bytes of body; returns the body's MD5.
+    fn attempt(&self, url: &str, sink: &mut dyn Write, limit: u64) -> Result<String, Attempt> {
         let response = match self.agent.get(url).call() {
             Ok(r) => r,
             Err(ureq::Error::Status(code, r)) if code == 429 || code == 503 => {
@@ -71,12 +75,19 @@ impl Client {
         let mut reader = response.into_reader();
         let mut md5 = Md5::new();
         let mut buf = vec![0u8; 1 << 16];
+        let mut received = 0u64;
         loop {
             let n = reader
                 .read(&mut buf)
                 .map_err(|e| Attempt::Retry(format!("reading the body: {e}"), None))?;
             if n == 0 {
                 break;
+            }
+            received += n as u64;
+            if received > limit {
+                return Err(Attempt::Fatal(format!(
+                    "the body is larger than the {limit} bytes expected"
+                )));
             }
             md5.update(&buf[..n]);
             sink.write_all(&buf[..n])
@@ -93,13 +104,24 @@ impl Client {
         dest: &Path,
         md5: Option<&str>,
     ) -> Result<u32, (String, u32)> {
+        self.download_at_most(url, dest, md5, u64::MAX)
+    }
+
+    /// [`Client::download`] of a body of at most `limit` bytes (a larger one fails at once).
+    fn download_at_most(
+        &self,
+        url: &str,
+        dest: &Path,
+        md5: Option<&str>,
+        limit: u64,
+    ) -> Result<u32, (String, u32)> {
         let part = dest.with_extension("part");
         let mut attempt = 1;
         loop {
             let result = fs::File::create(&part)
                 .map_err(|e| Attempt::Fatal(format!("{}: {e}", part.display())))
                 .and_then(|mut f| {
-                    let digest = self.attempt(url, &mut f)?;
+                    let digest = self.attempt(url, &mut f, limit)?;
                     f.sync_all()
                         .map_err(|e| Attempt::Fatal(format!("{}: {e}", part.display())))?;
                     match md5 {
@@ -133,9 +155,10 @@ impl Client {
         }
     }
 
-    /// The text at `url`, with the same retries.
+    /// The text at `url` (a manifest or digest list: at most [`MAX_LISTING`] bytes, so a server
+    /// that never ends its answer cannot hold the ingest), with the same retries.
     pub fn text(&self, url: &str, scratch: &Path) -> Result<String, String> {
-        self.download(url, scratch, None)
+        self.download_at_most(url, scratch, None, MAX_LISTING)
             .map_err(|(e, _)| format!("{url}: {e}"))?;
         let text = fs::read_to_string(scratch).map_err(|e| format!("{url}: {e}"));
         let _ = fs::remove_file(scratch);
@@ -171,7 +194,65 @@ pub fn parse_md5_list(text: &str) -> Result<HashMap<String, String>, String> {
             ));
         }
         let name = name.trim().trim_start_matches('*');
-        out.insert(name.to_string(), digest.to_ascii_lowercase());
+        if out
+            .insert(name.to_string(), digest.to_ascii_lowercase())
+            .is_some()
+        {
+            return Err(format!("MD5 list line {}: `{name}` is listed twice", i + 1));
+        }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_body_that_never_ends_is_cut_at_its_limit() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/listing.txt", listener.local_addr().unwrap());
+        // A server that answers with an endless body, until the client hangs up (bounded: it
+        // stops by itself after 256 MiB).
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                line.clear();
+            }
+            let mut out = stream;
+            let _ = out.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n");
+            let chunk = vec![b'x'; 1 << 16];
+            for _ in 0..4096 {
+                if out.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let dir = std::env::temp_dir().join(format!("flux-http-endless-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let client = Client::new(RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+        });
+        let (err, attempts) = client
+            .download_at_most(&url, &dir.join("listing.txt"), None, 1 << 20)
+            .unwrap_err();
+        assert!(err.contains("larger than the 1048576 bytes"), "{err}");
+        assert_eq!(attempts, 1, "a too-large body is not retried");
+        assert!(!dir.join("listing.part").exists());
+        server.join().unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_name_listed_twice_in_the_md5_list_is_refused() {
+        let digest = "0123456789abcdef0123456789abcdef";
+        let err = parse_md5_list(&format!("{digest}  a.tar\n{digest}  a.tar\n")).unwrap_err();
+        assert_eq!(err, "MD5 list line 2: `a.tar` is listed twice");
+    }
 }

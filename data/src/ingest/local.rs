@@ -1,13 +1,14 @@
 //! Ingest from local files: WebDataset tar shards (one latent shard per tar) and directories of
 //! per-sample `.npy` / `.safetensors` files (grouped into shards of a fixed size).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::dataset::ShardLayout;
 use crate::error::{io, DataError};
+use crate::files;
 use crate::ingest::record::split_key;
 use crate::ingest::shard::{ShardBuilder, ShardSummary};
 use crate::ingest::{IngestOptions, IngestSummary, Progress};
@@ -40,7 +41,8 @@ pub fn convert_tar(
             .map_err(|e| fail(format!("tar entry name: {e}")))?
             .to_string_lossy()
             .into_owned();
-        let mut bytes = Vec::with_capacity(entry.size() as usize);
+        // The header's size is untrusted: reserve at most 64 MiB up front.
+        let mut bytes = Vec::with_capacity(entry.size().min(64 << 20) as usize);
         entry
             .read_to_end(&mut bytes)
             .map_err(|e| fail(format!("`{name}`: {e}")))?;
@@ -49,11 +51,41 @@ pub fn convert_tar(
     builder.finish()
 }
 
-/// The output shard of input `name` (its stem plus `.h5`) in `out_dir`.
+/// The output shard of input `name` in `out_dir`: `name` without its `.tar` extension, with
+/// `/` turned into `_` (manifest names may hold directories), plus `.h5`.
 pub fn shard_path(out_dir: &Path, name: &str) -> PathBuf {
-    let base = name.rsplit('/').next().unwrap_or(name);
-    let stem = base.split('.').next().unwrap_or(base);
-    out_dir.join(format!("{stem}.h5"))
+    let stem = name.strip_suffix(".tar").unwrap_or(name);
+    out_dir.join(format!(
+        "{}.h5",
+        stem.trim_start_matches('/').replace('/', "_")
+    ))
+}
+
+/// The output shard of each input in `out_dir`; `inputs` are `(how the input is named, the name
+/// its shard is derived from)`. Refuses an input listed twice, and two inputs that would be
+/// written to the same shard (one of them would be silently dropped, or taken as "already
+/// present"), naming both.
+pub fn plan_shards(out_dir: &Path, inputs: &[(String, String)]) -> Result<Vec<PathBuf>, DataError> {
+    let mut seen: HashMap<PathBuf, &str> = HashMap::new();
+    inputs
+        .iter()
+        .map(|(shown, name)| {
+            let out = shard_path(out_dir, name);
+            let message = match seen.insert(out.clone(), shown) {
+                None => return Ok(out),
+                Some(first) if first == shown => "is listed twice".to_string(),
+                Some(first) => format!(
+                    "would be written to {}, as `{first}` is; rename one of them or ingest them \
+                     into separate --out directories",
+                    out.display()
+                ),
+            };
+            Err(DataError::Format {
+                path: shown.clone(),
+                message,
+            })
+        })
+        .collect()
 }
 
 /// Convert the tar files `tars` into `out_dir`, one shard each, skipping shards that exist.
@@ -63,16 +95,27 @@ pub fn ingest_tars(
     options: &IngestOptions,
     progress: &dyn Progress,
 ) -> Result<IngestSummary, DataError> {
+    // Shards are named after the tar's file name, so the same run resumes from any directory.
+    let inputs: Vec<(String, String)> = tars
+        .iter()
+        .map(|t| {
+            let name = t.file_name().unwrap_or_default().to_string_lossy();
+            (t.display().to_string(), name.into_owned())
+        })
+        .collect();
+    let planned = plan_shards(out_dir, &inputs)?;
+    for tar in tars {
+        files::require_regular(tar)?;
+    }
     fs::create_dir_all(out_dir).map_err(io(out_dir))?;
     let mut summary = IngestSummary::default();
     progress.start(tars.len() as u64);
-    for tar in tars {
+    for (tar, out) in tars.iter().zip(planned) {
         let name = tar.display().to_string();
-        let out = shard_path(out_dir, &name);
         if out.exists() {
             summary.skipped += 1;
         } else {
-            let file = fs::File::open(tar).map_err(io(tar))?;
+            let file = files::open_regular(tar)?;
             let reader = std::io::BufReader::new(file);
             summary.add(convert_tar(
                 reader,
@@ -129,6 +172,7 @@ pub fn ingest_dir(
             for mut paths in chunk.iter().cloned() {
                 paths.sort();
                 for path in paths {
+                    files::require_regular(&path)?;
                     let bytes = fs::read(&path).map_err(io(&path))?;
                     let name = path.file_name().expect("a listed file").to_string_lossy();
                     builder.add(&name, &bytes)?;
@@ -141,4 +185,44 @@ pub fn ingest_dir(
     }
     progress.finish();
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(inputs: &[(&str, &str)]) -> Result<Vec<PathBuf>, String> {
+        let inputs: Vec<(String, String)> = inputs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        plan_shards(Path::new("out"), &inputs).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn shards_are_named_after_the_whole_input_name() {
+        assert_eq!(
+            shard_path(Path::new("o"), "part_00001.tar"),
+            Path::new("o/part_00001.h5")
+        );
+        assert_eq!(
+            shard_path(Path::new("o"), "a/part.000.tar"),
+            Path::new("o/a_part.000.h5")
+        );
+        let ok = plan(&[("a/part.tar", "a/part.tar"), ("b/part.tar", "b/part.tar")]).unwrap();
+        assert_eq!(ok, [Path::new("out/a_part.h5"), Path::new("out/b_part.h5")]);
+    }
+
+    #[test]
+    fn inputs_that_share_a_shard_are_refused_naming_both() {
+        let err = plan(&[("x/part.tar", "part.tar"), ("y/part.tar", "part.tar")]).unwrap_err();
+        assert!(
+            err.contains("y/part.tar")
+                && err.contains("`x/part.tar`")
+                && err.contains("out/part.h5"),
+            "{err}"
+        );
+        let err = plan(&[("a.tar", "a.tar"), ("a.tar", "a.tar")]).unwrap_err();
+        assert!(err.contains("a.tar: is listed twice"), "{err}");
+    }
 }

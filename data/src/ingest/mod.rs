@@ -11,7 +11,7 @@ mod shard;
 mod stream;
 
 pub use http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
-pub use local::{convert_tar, ingest_dir, ingest_tars, shard_path};
+pub use local::{convert_tar, ingest_dir, ingest_tars, plan_shards, shard_path};
 pub use npy::{parse_npy, NpyArray};
 pub use record::{split_key, LayoutChoice, Record};
 pub use shard::{ShardBuilder, ShardSummary};

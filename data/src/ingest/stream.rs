@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{io, DataError};
 use crate::ingest::http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
-use crate::ingest::local::{convert_tar, shard_path};
+use crate::ingest::local::{convert_tar, plan_shards};
 use crate::ingest::{IngestOptions, IngestSummary, Progress};
 
 /// Where and how to stream from.
@@ -101,6 +101,8 @@ pub fn ingest_http(
             })
     };
     let names = parse_manifest(&fetch_text(&source.manifest)?);
+    let inputs: Vec<(String, String)> = names.iter().map(|n| (n.clone(), n.clone())).collect();
+    let planned = plan_shards(out_dir, &inputs)?;
     let md5s = match &source.md5 {
         Some(name) => {
             Some(
@@ -113,13 +115,13 @@ pub fn ingest_http(
         None => None,
     };
     let mut summary = IngestSummary::default();
-    let todo: Vec<String> = names
-        .iter()
-        .filter(|n| !shard_path(out_dir, n).exists())
-        .cloned()
-        .collect();
-    summary.skipped = (names.len() - todo.len()) as u64;
-    progress.start(names.len() as u64);
+    let (todo, outs): (Vec<String>, Vec<PathBuf>) = names
+        .into_iter()
+        .zip(planned)
+        .filter(|(_, out)| !out.exists())
+        .unzip();
+    summary.skipped = (inputs.len() - todo.len()) as u64;
+    progress.start(inputs.len() as u64);
     progress.skip(summary.skipped);
 
     let permits = Arc::new(Permits {
@@ -199,8 +201,8 @@ pub fn ingest_http(
                     .map_err(io(&file))
                     .map(std::io::BufReader::new)
                     .and_then(|reader| {
-                        let out = shard_path(out_dir, name);
-                        convert_tar(reader, name, &out, options, summary.layout.as_ref())
+                        let out = &outs[job];
+                        convert_tar(reader, name, out, options, summary.layout.as_ref())
                     });
                 let _ = fs::remove_file(&file);
                 match converted {
