@@ -249,3 +249,21 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
     assert!(err.contains("text_shape"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_shard_named_twice_is_refused() {
+    let dir = temp("twice");
+    let layout = layout(StorageDtype::Bf16, false, false);
+    let shard = dir.join("a.h5");
+    write(&shard, &layout, 0..2, None);
+    for paths in [
+        vec![shard.clone(), shard.clone()],
+        vec![dir.clone(), shard.clone()],
+    ] {
+        let err = LatentDataset::open(&paths)
+            .err()
+            .expect("a shard read twice");
+        assert!(err.to_string().contains("is listed twice"), "{err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

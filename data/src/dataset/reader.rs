@@ -5,10 +5,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use hdf5::filters::Filter;
 use hdf5::types::VarLenUnicode;
 use hdf5::Dataset;
 
 use crate::dataset::layout::{ShardLayout, CAPTIONS, IDS};
+use crate::dataset::validate::check_crc;
 use crate::dataset::values::{StorageDtype, Values};
 use crate::dataset::writer::Sample;
 use crate::error::{io, DataError};
@@ -32,7 +34,9 @@ pub struct LatentDataset {
 }
 
 /// The shard files named by `paths`: files as given, directories expanded to their `*.h5` files
-/// in name order.
+/// in name order. A shard reached twice (a path listed twice, or a directory and a file in it)
+/// is refused rather than read twice as often as the others; so is a path that is neither a
+/// directory nor a regular file.
 pub fn shard_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for path in paths {
@@ -45,12 +49,35 @@ pub fn shard_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
             inside.sort();
             files.extend(inside);
         } else if path.exists() {
+            crate::files::require_regular(path)?;
             files.push(path.clone());
         } else {
             return Err(DataError::format(path, "no such file or directory"));
         }
     }
+    let mut seen = std::collections::HashMap::new();
+    for file in &files {
+        let real = fs::canonicalize(file).map_err(io(file))?;
+        if let Some(first) = seen.insert(real, file) {
+            return Err(DataError::format(
+                file,
+                format!(
+                    "is listed twice among the data paths (also as {}); each shard may be named once",
+                    first.display()
+                ),
+            ));
+        }
+    }
     Ok(files)
+}
+
+/// The error for `paths` that name no shard file.
+pub(crate) fn no_shards(paths: &[PathBuf]) -> DataError {
+    let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+    DataError::Format {
+        path: shown.join(", "),
+        message: "no latent shards (*.h5) found".into(),
+    }
 }
 
 /// Open `path`, read its layout and check every dataset's type and shape against it. Returns the
@@ -87,16 +114,30 @@ fn open_shard(path: &Path) -> Result<(ShardLayout, Shard), DataError> {
         }
         Ok(ds)
     };
+    // Reads check what `data validate` checks: HDF5 verifies a Fletcher-32 dataset chunk by chunk
+    // as training reads it; any other numeric dataset, and the strings (whose bytes no filter
+    // covers), are checked against their CRC-32 here, once, before training trusts them.
     let numeric = layout
         .numeric()
         .iter()
-        .map(|(name, shape)| dataset(name, shape, Some(layout.dtype.size())))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|(name, shape)| {
+            let ds = dataset(name, shape, Some(layout.dtype.size()))?;
+            let fletcher = ds.filters().iter().any(|f| matches!(f, Filter::Fletcher32));
+            if !fletcher {
+                check_crc(path, name, &ds, Some(layout.dtype))?;
+            }
+            Ok(ds)
+        })
+        .collect::<Result<Vec<_>, DataError>>()?;
     let strings = layout
         .strings()
         .iter()
-        .map(|name| dataset(name, &[], None))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|name| {
+            let ds = dataset(name, &[], None)?;
+            check_crc(path, name, &ds, None)?;
+            Ok(ds)
+        })
+        .collect::<Result<Vec<_>, DataError>>()?;
     let shard = Shard {
         path: path.to_path_buf(),
         numeric,
@@ -112,11 +153,7 @@ impl LatentDataset {
     pub fn open(paths: &[PathBuf]) -> Result<Self, DataError> {
         let files = shard_files(paths)?;
         let Some(first) = files.first() else {
-            let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
-            return Err(DataError::Format {
-                path: shown.join(", "),
-                message: "no latent shards (*.h5) found".into(),
-            });
+            return Err(no_shards(paths));
         };
         let (layout, _) = open_shard(first)?;
         let mut shards = Vec::with_capacity(files.len());

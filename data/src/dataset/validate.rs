@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::dataset::layout::ShardLayout;
-use crate::dataset::reader::shard_files;
-use crate::dataset::values::Values;
+use crate::dataset::reader::{no_shards, shard_files};
+use crate::dataset::values::{StorageDtype, Values};
 use crate::error::DataError;
 use crate::h5attr::{h5err, read_u64};
 
@@ -39,6 +39,36 @@ fn crc_of(
     Ok(crc.finalize())
 }
 
+/// Check dataset `name` of shard `path` against its stored CRC-32, reading it in bounded
+/// blocks: numeric values of `dtype`, or (`None`) the strings of an id or caption dataset.
+pub(crate) fn check_crc(
+    path: &Path,
+    name: &str,
+    ds: &hdf5::Dataset,
+    dtype: Option<StorageDtype>,
+) -> Result<(), DataError> {
+    let crc = match dtype {
+        Some(dtype) => crc_of(ds, |rows| {
+            Values::read_rows(dtype, ds, rows).map(|v| v.le_bytes())
+        }),
+        None => crc_of(ds, |rows| {
+            let texts = ds.read_slice_1d::<hdf5::types::VarLenUnicode, _>(rows)?;
+            Ok(texts
+                .iter()
+                .flat_map(|t| t.as_str().bytes().chain(std::iter::once(b'\n')))
+                .collect())
+        }),
+    }
+    .map_err(h5err(path, name))?;
+    if crc as u64 != read_u64(ds, "crc32", path)? {
+        return Err(DataError::Corrupt {
+            path: path.display().to_string(),
+            dataset: name.into(),
+        });
+    }
+    Ok(())
+}
+
 /// Check one shard fully: layout, shapes and every CRC. Returns its layout and sample count.
 pub fn validate_shard(path: &Path) -> Result<(ShardLayout, u64), DataError> {
     let dataset = crate::dataset::reader::LatentDataset::open(&[path.to_path_buf()])?;
@@ -46,33 +76,11 @@ pub fn validate_shard(path: &Path) -> Result<(ShardLayout, u64), DataError> {
     let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
     for (name, _) in layout.numeric() {
         let ds = file.dataset(name).map_err(h5err(path, name))?;
-        let crc = crc_of(&ds, |rows| {
-            Values::read_rows(layout.dtype, &ds, rows).map(|v| v.le_bytes())
-        })
-        .map_err(h5err(path, name))?;
-        if crc as u64 != read_u64(&ds, "crc32", path)? {
-            return Err(DataError::Corrupt {
-                path: path.display().to_string(),
-                dataset: name.into(),
-            });
-        }
+        check_crc(path, name, &ds, Some(layout.dtype))?;
     }
     for name in layout.strings() {
         let ds = file.dataset(name).map_err(h5err(path, name))?;
-        let crc = crc_of(&ds, |rows| {
-            let texts = ds.read_slice_1d::<hdf5::types::VarLenUnicode, _>(rows)?;
-            Ok(texts
-                .iter()
-                .flat_map(|t| t.as_str().bytes().chain(std::iter::once(b'\n')))
-                .collect())
-        })
-        .map_err(h5err(path, name))?;
-        if crc as u64 != read_u64(&ds, "crc32", path)? {
-            return Err(DataError::Corrupt {
-                path: path.display().to_string(),
-                dataset: name.into(),
-            });
-        }
+        check_crc(path, name, &ds, None)?;
     }
     Ok((layout, dataset.len()))
 }
@@ -82,7 +90,11 @@ pub fn validate_shard(path: &Path) -> Result<(ShardLayout, u64), DataError> {
 pub fn validate(paths: &[PathBuf]) -> Result<ValidationReport, DataError> {
     let mut report = ValidationReport::default();
     let mut reference: Option<(PathBuf, ShardLayout)> = None;
-    for path in shard_files(paths)? {
+    let files = shard_files(paths)?;
+    if files.is_empty() {
+        return Err(no_shards(paths));
+    }
+    for path in files {
         match validate_shard(&path) {
             Ok((layout, rows)) => match &reference {
                 Some((first, expected)) if *expected != layout => report.problems.push(
