@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use flux_data::convert::SafetensorsReader;
 use flux_data::KeyedRng;
-use flux_model::convert::read_safetensors;
 use flux_model::embeddings::{text_position_ids, token_grid_ids};
 use flux_model::{Flux, FluxInput};
 use flux_train::sampling::guided_velocity;
@@ -59,7 +59,14 @@ pub fn run(args: SampleArgs) -> Result<()> {
         .weights
         .unwrap_or_else(|| dir.join("final.safetensors"));
     let mut model = Flux::new(config, device)?;
-    let tensors = read_safetensors(&weights)?;
+    let reader = SafetensorsReader::open(&weights)?;
+    if !reader.verify_checksum()? {
+        tracing::warn!(
+            "{} carries no flux-hpc checksum; its header was checked, its bytes cannot be",
+            weights.display()
+        );
+    }
+    let tensors = reader.read_all()?;
     model
         .store
         .load_logical(&tensors)
@@ -126,7 +133,11 @@ pub fn run(args: SampleArgs) -> Result<()> {
             .double_value(&[])
     };
     let out = args.out.unwrap_or_else(|| dir.join("samples.safetensors"));
-    Tensor::write_safetensors(&[("latents", &latents), ("reference", &cond.latents)], &out)?;
+    let written = [
+        ("latents".to_string(), latents.shallow_clone()),
+        ("reference".to_string(), cond.latents.shallow_clone()),
+    ];
+    flux_data::convert::write_tensors(&out, &written)?;
     println!(
         "samples           {:?} in {} {} steps",
         latents.size(),

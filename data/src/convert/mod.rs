@@ -15,7 +15,9 @@ use flux_model::convert::{source as external_source, table::Combine, Layout};
 use flux_model::tp::ParamSpec;
 use flux_model::FluxConfig;
 
-pub use safetensors_stream::{write_streaming, SafetensorsReader, TensorInfo};
+pub use safetensors_stream::{
+    write_streaming, write_tensors, SafetensorsReader, TensorInfo, CRC_KEY,
+};
 
 use crate::checkpoint::{self, Reader};
 use crate::dataset::StorageDtype;
@@ -62,7 +64,7 @@ fn external_files(input: &Path) -> Result<Vec<PathBuf>, DataError> {
     }
     let index = input.join("diffusion_pytorch_model.safetensors.index.json");
     if index.exists() {
-        let text = fs::read_to_string(&index).map_err(io(&index))?;
+        let text = crate::files::read_to_string_limited(&index, 64 << 20)?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| DataError::format(&index, format!("not JSON: {e}")))?;
         let names: BTreeSet<&str> = json["weight_map"]
@@ -89,12 +91,21 @@ impl External {
     fn open(input: &Path, layout: Layout, config: &FluxConfig) -> Result<Self, DataError> {
         let files = external_files(input)?
             .iter()
-            .map(|p| SafetensorsReader::open(p))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|p| {
+                let reader = SafetensorsReader::open(p)?;
+                reader.verify_checksum()?;
+                Ok(reader)
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
         let mut by_key = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             for key in f.tensors().keys() {
-                by_key.insert(key.clone(), i);
+                if let Some(first) = by_key.insert(key.clone(), i) {
+                    return Err(DataError::format(
+                        f.path(),
+                        format!("`{key}` is also in {}", files[first].path().display()),
+                    ));
+                }
             }
         }
         Ok(Self {

@@ -3,7 +3,7 @@
 //! memory stays about one tensor); the writer lays out the header from planned shapes and asks for
 //! each tensor's values only when it writes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::dataset::{StorageDtype, Values};
 use crate::error::{io, DataError};
+use crate::files;
 
 /// Largest header accepted (the format's own limit is 100 MB).
 const MAX_HEADER: u64 = 100 << 20;
@@ -34,6 +35,7 @@ pub struct SafetensorsReader {
     file: File,
     data_start: u64,
     tensors: BTreeMap<String, TensorInfo>,
+    metadata: BTreeMap<String, String>,
 }
 
 fn width(dtype: &str) -> Option<u64> {
@@ -45,12 +47,43 @@ fn width(dtype: &str) -> Option<u64> {
     }
 }
 
+/// A JSON object's members in file order, duplicates kept (a map would silently keep the last).
+struct Members(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    out.push(entry);
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The metadata key holding the CRC-32 of a flux-hpc-written file's data section (8 hex digits).
+pub const CRC_KEY: &str = "flux_hpc.crc32";
+
 impl SafetensorsReader {
-    /// Open `path` and check its header: every tensor's dtype is a float type flux-hpc reads, and
-    /// its byte range lies in the file and matches its shape. Never panics on hostile input.
+    /// Open `path` and check its header as strictly as the reference reader: a regular file, a
+    /// JSON object without duplicate names, every tensor's dtype a float type flux-hpc reads,
+    /// its byte count matching its shape, and the byte ranges tiling the data section exactly
+    /// (from 0, no gap, no overlap, to the end of the file). Never panics on hostile input.
     pub fn open(path: &Path) -> Result<Self, DataError> {
         let bad = |message: String| DataError::format(path, message);
-        let file = File::open(path).map_err(io(path))?;
+        let file = files::open_regular(path)?;
         let file_len = file.metadata().map_err(io(path))?.len();
         let mut len_bytes = [0u8; 8];
         file.read_exact_at(&mut len_bytes, 0)
@@ -63,14 +96,27 @@ impl SafetensorsReader {
         }
         let mut header = vec![0u8; header_len as usize];
         file.read_exact_at(&mut header, 8).map_err(io(path))?;
-        let header: Map<String, Value> = serde_json::from_slice(&header)
+        let Members(header) = serde_json::from_slice(&header)
             .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
         let data_start = 8 + header_len;
         let data_len = file_len - data_start;
         let mut tensors = BTreeMap::new();
+        let mut metadata = BTreeMap::new();
         for (name, entry) in header {
             if name == "__metadata__" {
+                let pairs = entry
+                    .as_object()
+                    .ok_or_else(|| bad("`__metadata__` is not an object".into()))?;
+                for (k, v) in pairs {
+                    let v = v
+                        .as_str()
+                        .ok_or_else(|| bad(format!("metadata `{k}` is not a string")))?;
+                    metadata.insert(k.clone(), v.to_string());
+                }
                 continue;
+            }
+            if tensors.contains_key(&name) {
+                return Err(bad(format!("`{name}` is listed twice in the header")));
             }
             let dtype = entry["dtype"].as_str().unwrap_or_default().to_string();
             let size = width(&dtype)
@@ -106,12 +152,67 @@ impl SafetensorsReader {
                 },
             );
         }
+        check_tiling(&tensors, data_len).map_err(bad)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
             data_start,
             tensors,
+            metadata,
         })
+    }
+
+    /// The header's `__metadata__` entries.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// Check the data section against the CRC-32 flux-hpc writes into its files' metadata,
+    /// reading it in blocks. `Ok(false)`: the file carries no checksum (written elsewhere).
+    pub fn verify_checksum(&self) -> Result<bool, DataError> {
+        let Some(stored) = self.metadata.get(CRC_KEY) else {
+            return Ok(false);
+        };
+        let stored = u32::from_str_radix(stored, 16).map_err(|_| {
+            DataError::format(
+                &self.path,
+                format!("metadata `{CRC_KEY}` = {stored:?} is not a CRC-32"),
+            )
+        })?;
+        let end = self.file.metadata().map_err(io(&self.path))?.len();
+        let mut crc = crc32fast::Hasher::new();
+        let mut block = vec![0u8; 4 << 20];
+        let mut at = self.data_start;
+        while at < end {
+            let n = (end - at).min(block.len() as u64) as usize;
+            self.file
+                .read_exact_at(&mut block[..n], at)
+                .map_err(io(&self.path))?;
+            crc.update(&block[..n]);
+            at += n as u64;
+        }
+        if crc.finalize() != stored {
+            return Err(DataError::Corrupt {
+                path: self.path.display().to_string(),
+                dataset: "data section".into(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// Every tensor as an f32 [`tch::Tensor`] of its shape, by name.
+    pub fn read_all(&self) -> Result<HashMap<String, tch::Tensor>, DataError> {
+        self.tensors
+            .iter()
+            .map(|(name, info)| {
+                let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+                let values = self.read_f32(name)?;
+                Ok((
+                    name.clone(),
+                    tch::Tensor::from_slice(&values).view(shape.as_slice()),
+                ))
+            })
+            .collect()
     }
 
     /// The file.
@@ -154,6 +255,36 @@ impl SafetensorsReader {
     }
 }
 
+/// The tensors' byte ranges must cover `0..data_len` exactly once, as the reference reader
+/// requires: sorted by start, each begins where the previous ends.
+fn check_tiling(tensors: &BTreeMap<String, TensorInfo>, data_len: u64) -> Result<(), String> {
+    let mut ranges: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|(n, t)| (t.range.0, t.range.1, n.as_str()))
+        .collect();
+    ranges.sort_unstable();
+    let mut end = 0;
+    for (start, stop, name) in ranges {
+        if start != end {
+            let what = if start < end {
+                "overlaps the tensor before it"
+            } else {
+                "leaves a gap before it"
+            };
+            return Err(format!(
+                "`{name}`: data_offsets [{start}, {stop}] {what} (expected to start at {end})"
+            ));
+        }
+        end = stop;
+    }
+    if end != data_len {
+        return Err(format!(
+            "the tensors cover {end} of the data section's {data_len} bytes"
+        ));
+    }
+    Ok(())
+}
+
 fn shape_numel(shape: &[usize]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))
 }
@@ -168,8 +299,9 @@ fn dtype_name(dtype: StorageDtype) -> &'static str {
 }
 
 /// Write `path` (through a temporary file and a rename) holding `plan`'s tensors `(name, shape)`
-/// in `dtype`, in plan order, with `metadata`; `values(i)` gives tensor `i`'s f32 values when it
-/// is written.
+/// in `dtype`, in plan order, with `metadata` plus the data section's CRC-32 under
+/// [`CRC_KEY`]; `values(i)` gives tensor `i`'s f32 values when it is written. On failure the
+/// temporary file is removed and the error names the path.
 pub fn write_streaming(
     path: &Path,
     dtype: StorageDtype,
@@ -177,6 +309,10 @@ pub fn write_streaming(
     metadata: &BTreeMap<String, String>,
     mut values: impl FnMut(usize) -> Result<Vec<f32>, DataError>,
 ) -> Result<(), DataError> {
+    // The checksum is known only after the data: write a placeholder, patch it in place.
+    const PLACEHOLDER: &str = "00000000";
+    let mut metadata = metadata.clone();
+    metadata.insert(CRC_KEY.into(), PLACEHOLDER.into());
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!(metadata));
     let mut offset = 0u64;
@@ -189,25 +325,138 @@ pub fn write_streaming(
         offset += bytes;
     }
     let mut text = serde_json::to_vec(&Value::Object(header)).expect("JSON values serialise");
+    let marker = format!("\"{CRC_KEY}\":\"{PLACEHOLDER}\"");
+    let crc_at = 8
+        + text
+            .windows(marker.len())
+            .position(|w| w == marker.as_bytes())
+            .expect("the metadata holds the placeholder")
+        + marker.len()
+        - PLACEHOLDER.len()
+        - 1;
     text.resize(text.len().div_ceil(8) * 8, b' ');
-    let tmp = path.with_extension("safetensors.tmp");
-    let file = File::create(&tmp).map_err(io(&tmp))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    out.write_all(&(text.len() as u64).to_le_bytes())
-        .and_then(|()| out.write_all(&text))
-        .map_err(io(&tmp))?;
-    for (i, (name, shape)) in plan.iter().enumerate() {
-        let v = values(i)?;
-        if Some(v.len() as u64) != shape_numel(shape) {
-            return Err(DataError::format(
-                path,
-                format!("`{name}`: {} values for shape {shape:?}", v.len()),
-            ));
-        }
-        out.write_all(&Values::encode_le_bytes(dtype, &v))
+    let tmp = files::tmp_path(path);
+    let written = (|| {
+        let file = File::create(&tmp).map_err(io(&tmp))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&(text.len() as u64).to_le_bytes())
+            .and_then(|()| out.write_all(&text))
             .map_err(io(&tmp))?;
+        let mut crc = crc32fast::Hasher::new();
+        for (i, (name, shape)) in plan.iter().enumerate() {
+            let v = values(i)?;
+            if Some(v.len() as u64) != shape_numel(shape) {
+                return Err(DataError::format(
+                    path,
+                    format!("`{name}`: {} values for shape {shape:?}", v.len()),
+                ));
+            }
+            let bytes = Values::encode_le_bytes(dtype, &v);
+            crc.update(&bytes);
+            out.write_all(&bytes).map_err(io(&tmp))?;
+        }
+        let file = out.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
+        let hex = format!("{:08x}", crc.finalize());
+        file.write_all_at(hex.as_bytes(), crc_at as u64)
+            .and_then(|()| file.sync_all())
+            .map_err(io(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io(path))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    let file = out.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-    file.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    written
+}
+
+/// Write named tensors (any device; bf16 ones stored as BF16, others as F32) to the safetensors
+/// file `path` through [`write_streaming`], so it carries the data section's CRC-32.
+pub fn write_tensors(path: &Path, tensors: &[(String, tch::Tensor)]) -> Result<(), DataError> {
+    let bf16 = tensors.iter().all(|(_, t)| t.kind() == tch::Kind::BFloat16);
+    let dtype = if bf16 && !tensors.is_empty() {
+        StorageDtype::Bf16
+    } else {
+        StorageDtype::F32
+    };
+    let plan: Vec<(String, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.size().iter().map(|&d| d as usize).collect()))
+        .collect();
+    write_streaming(path, dtype, &plan, &BTreeMap::new(), |i| {
+        let t = tensors[i]
+            .1
+            .to_kind(tch::Kind::Float)
+            .to_device(tch::Device::Cpu);
+        Ok(Vec::<f32>::try_from(t.flatten(0, -1)).expect("an f32 tensor"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file in a fresh directory: `header` (JSON text) and `data` bytes.
+    fn file(name: &str, header: &str, data: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("flux-st-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.safetensors");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend(data);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn open_err(name: &str, header: &str, data_len: usize) -> String {
+        let path = file(name, header, &vec![0u8; data_len]);
+        match SafetensorsReader::open(&path) {
+            Ok(_) => panic!("{name}: a malformed header was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn headers_the_reference_reader_rejects_are_rejected() {
+        let t = |name: &str, a: u64, b: u64| {
+            format!(
+                r#""{name}":{{"dtype":"F32","shape":[{}],"data_offsets":[{a},{b}]}}"#,
+                (b - a) / 4
+            )
+        };
+        let ok = format!("{{{},{}}}", t("a", 0, 8), t("b", 8, 16));
+        assert!(SafetensorsReader::open(&file("ok", &ok, &[0u8; 16])).is_ok());
+
+        let dup = format!("{{{},{}}}", t("a", 0, 8), t("a", 8, 16));
+        assert!(open_err("dup", &dup, 16).contains("`a` is listed twice"));
+        let overlap = format!("{{{},{}}}", t("a", 0, 8), t("b", 4, 12));
+        assert!(open_err("overlap", &overlap, 12).contains("overlaps"));
+        let gap = format!("{{{},{}}}", t("a", 0, 8), t("b", 12, 20));
+        assert!(open_err("gap", &gap, 20).contains("leaves a gap"));
+        let late = format!("{{{}}}", t("a", 4, 12));
+        assert!(open_err("late", &late, 12).contains("expected to start at 0"));
+        let short = format!("{{{}}}", t("a", 0, 8));
+        assert!(open_err("trailing", &short, 12).contains("cover 8 of the data section's 12"));
+    }
+
+    #[test]
+    fn written_files_carry_a_checksum_that_catches_a_flipped_bit() {
+        let dir = std::env::temp_dir().join(format!("flux-st-crc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        let w = tch::Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.]).view([2, 3]);
+        write_tensors(&path, &[("w".into(), w.shallow_clone())]).unwrap();
+        let reader = SafetensorsReader::open(&path).unwrap();
+        assert!(reader.verify_checksum().unwrap());
+        assert!(reader.read_all().unwrap()["w"].equal(&w));
+        assert!(!files::tmp_path(&path).exists());
+
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = SafetensorsReader::open(&path)
+            .unwrap()
+            .verify_checksum()
+            .unwrap_err();
+        assert!(matches!(err, DataError::Corrupt { .. }), "{err}");
+    }
 }
