@@ -11,6 +11,7 @@ mod mpi_groups;
 mod placement;
 mod signals;
 pub mod slurm;
+pub mod watchdog;
 
 pub use device::{DeviceChoice, DeviceError};
 pub use mpi_groups::{LayoutError, MpiGroup, ParallelWorld};

@@ -2,7 +2,7 @@
 
 use flux_model::tp::{Collective, SingleRank, TpContext};
 
-use crate::Placement;
+use crate::{watchdog, Placement};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -35,11 +35,13 @@ impl Collective for MpiGroup {
 
     fn all_reduce_sum(&self, data: &mut [f32]) {
         let send = data.to_vec();
+        let _waiting = watchdog::enter(self.size());
         self.comm
             .all_reduce_into(&send[..], data, SystemOperation::sum());
     }
 
     fn all_gather(&self, data: &[f32], out: &mut [f32]) {
+        let _waiting = watchdog::enter(self.size());
         self.comm.all_gather_into(data, out);
     }
 }
@@ -148,6 +150,15 @@ impl ParallelWorld {
         match &self.universe {
             Some(universe) => universe.world().abort(code),
             None => std::process::exit(code),
+        }
+    }
+
+    /// Bound every collective's wait for its peers by `timeout`: past it, this process ends with
+    /// an error naming its rank (see [`crate::watchdog`]), and the launcher ends the others.
+    /// Nothing to watch without MPI.
+    pub fn bound_collective_waits(&self, timeout: std::time::Duration) {
+        if self.universe.is_some() {
+            watchdog::start(timeout, self.world.rank(), self.world.size());
         }
     }
 
