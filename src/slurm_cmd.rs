@@ -71,9 +71,9 @@ pub struct CancelArgs {
 pub struct LaunchArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// MPI ranks.
-    #[arg(short = 'n', long, default_value_t = 1)]
-    ranks: usize,
+    /// MPI ranks (at least 1).
+    #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    ranks: u32,
     /// Print the mpirun command instead of running it.
     #[arg(long)]
     dry_run: bool,
@@ -293,7 +293,7 @@ pub fn launch(args: LaunchArgs) -> Result<()> {
         cmd.push("--allow-run-as-root".into());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if args.ranks > cores {
+    if args.ranks as usize > cores {
         cmd.push("--oversubscribe".into());
     }
     cmd.extend([exe.display().to_string(), "train".into()]);

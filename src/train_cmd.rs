@@ -2,15 +2,18 @@
 //! checkpoints and resume.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
-use flux_data::checkpoint::{self, CheckpointLayout, LoadedCheckpoint};
+use flux_data::checkpoint::{CheckpointLayout, CheckpointWriter};
+use flux_data::files;
 use flux_model::tp::Collective;
 use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
-use flux_train::{CheckpointFormat, NonFiniteReport, RunConfig, StepError, Trainer};
+use flux_train::{
+    starting_checkpoint, CheckpointFormat, RunConfig, StartPolicy, StepError, Trainer,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tch::Tensor;
 
@@ -27,6 +30,10 @@ pub struct TrainArgs {
     /// allocations shorter than the run.
     #[arg(long)]
     stop_after: Option<u64>,
+    /// With `[checkpoint] resume = false`: start over in a run directory that holds an earlier
+    /// run's checkpoints, deleting them first (without it such a start is refused).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Train, resuming from `[checkpoint] dir`'s `latest` when there is one; writes checkpoints,
@@ -37,23 +44,28 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let placement = Placement::from_env()?;
     let world =
         ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
+    world.bound_collective_waits(Duration::from_secs(run.parallelism.collective_timeout_s));
     tch::set_num_threads(placement.threads() as i32);
     let device = args.device.device.resolve(placement.local_rank)?;
     let leader = world.world.rank() == 0;
     let dir = &run.checkpoint.dir;
     prepare_run_dir(dir, world.world.as_ref())?;
-    if leader {
-        std::fs::write(dir.join("config.toml"), toml::to_string(&run)?)?;
-    }
 
     let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp.as_ref())?;
-    if run.checkpoint.resume {
-        if let Some(loaded) = newest_usable_checkpoint(dir, world.world.as_ref())? {
-            trainer.restore(&loaded).map_err(|e| anyhow!(e))?;
-            if leader {
-                tracing::info!(step = loaded.step, "resumed from {}", loaded.dir.display());
-            }
+    let policy = StartPolicy {
+        resume: run.checkpoint.resume,
+        force: args.force,
+    };
+    if let Some(loaded) = starting_checkpoint(dir, policy, world.world.as_ref())? {
+        trainer.restore(&loaded).map_err(|e| anyhow!(e))?;
+        if leader {
+            tracing::info!(step = loaded.step, "resumed from {}", loaded.dir.display());
         }
+    }
+    // Only once the run is known to start or resume: a refused resume keeps the old config.
+    if leader {
+        let config = toml::to_string(&run)?;
+        files::write_atomic(&dir.join("config.toml"), |w| w.write_all(config.as_bytes()))?;
     }
     let t = &run.training;
     let first_step = trainer.step();
@@ -73,18 +85,21 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
 
     let metrics_path = dir.join("metrics.jsonl");
+    let in_metrics = || format!("writing {}", metrics_path.display());
     let (mut metrics, mut records) = if !leader {
         (None, Vec::new())
     } else if first_step > 0 {
-        let (w, kept) = MetricsWriter::resume(&metrics_path, first_step)?;
+        let (w, kept) =
+            MetricsWriter::resume(&metrics_path, first_step).with_context(in_metrics)?;
         (Some(w), kept)
     } else {
-        (Some(MetricsWriter::create(&metrics_path)?), Vec::new())
+        let w = MetricsWriter::create(&metrics_path).with_context(in_metrics)?;
+        (Some(w), Vec::new())
     };
     let start = Instant::now();
     let mut record = |r: StepRecord, metrics: &mut Option<MetricsWriter>| -> Result<()> {
         if let Some(m) = metrics {
-            m.write(&r)?;
+            m.write(&r).with_context(in_metrics)?;
         }
         records.push(r);
         Ok(())
@@ -101,11 +116,19 @@ pub fn run(args: TrainArgs) -> Result<()> {
         CheckpointFormat::Sharded => CheckpointLayout::Sharded,
         CheckpointFormat::Unified => CheckpointLayout::Unified,
     };
+    let writer = CheckpointWriter {
+        run_dir: dir,
+        layout,
+        keep: run.checkpoint.keep,
+        tp: &world.tp,
+        dp_rank: world.dp.rank(),
+        world: world.world.as_ref(),
+    };
     let save = |trainer: &Trainer| {
-        let specs = trainer.model().store.param_specs();
-        let state = trainer.checkpoint_state();
-        let (tp, dp, all) = (&world.tp, world.dp.rank(), world.world.as_ref());
-        checkpoint::save(dir, &state, specs, layout, tp, dp, all, run.checkpoint.keep)
+        writer.save(
+            &trainer.checkpoint_state(),
+            trainer.model().store.param_specs(),
+        )
     };
 
     let bar = if leader {
@@ -122,11 +145,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     let tokens = trainer.tokens_per_sample() as f64;
     for step in first_step + 1..=stop {
+        flux_data::failpoint::stall("stall", step, world.world.rank());
         let stats = match trainer.train_step() {
             Ok(stats) => stats,
-            Err(StepError::NonFinite(report)) => {
+            Err(e @ (StepError::NonFinite(_) | StepError::TooManySkips(..))) => {
                 bar.finish_and_clear();
-                return Err(stop_for_nonfinite(report, dir, world.world.rank()));
+                return Err(stop_for_nonfinite(e, dir, world.world.rank()));
             }
             // A read error on this rank alone: the others may wait in a collective already.
             Err(e @ StepError::Data(_)) => abort_job(&world, e.into()),
@@ -176,10 +200,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             if !saved {
                 save(&trainer)?;
             }
-            if leader {
-                stop_for_signal(request, step, &run)?;
-            }
-            return Ok(());
+            return stop_for_signal(request, step, &run, leader);
         }
     }
     bar.finish_and_clear();
@@ -197,7 +218,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let weights: Vec<(String, Tensor)> = trainer.model().store.gather_logical(false);
     if leader {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
-        Tensor::write_safetensors(&weights, dir.join("final.safetensors"))?;
+        flux_data::convert::write_tensors(&dir.join("final.safetensors"), &weights)?;
         summarize(&records, start, dir);
     }
     Ok(())
@@ -225,52 +246,6 @@ fn prepare_run_dir(dir: &Path, world: &dyn Collective) -> Result<()> {
     Ok(())
 }
 
-/// The checkpoint to resume from: the one `latest` names, or, when it fails to load (a
-/// truncated file, a checksum mismatch), the newest older one that loads, with a warning for each
-/// passed over. Decided collectively, so every rank resumes from the same step. `None` for a run
-/// without checkpoints.
-fn newest_usable_checkpoint(
-    dir: &Path,
-    world: &dyn Collective,
-) -> Result<Option<LoadedCheckpoint>> {
-    let latest = match checkpoint::latest(dir) {
-        Ok(latest) => latest,
-        Err(e) => {
-            tracing::warn!("{e}");
-            None
-        }
-    };
-    let mut candidates = checkpoint::list(dir)?;
-    if let Some(latest) = &latest {
-        candidates.retain(|c| c <= latest);
-    }
-    let mut passed_over = 0;
-    for candidate in candidates.iter().rev() {
-        let loaded = checkpoint::load(candidate);
-        if let Err(e) = &loaded {
-            tracing::warn!("checkpoint {} is unusable: {e}", candidate.display());
-        }
-        if world.count_failures(loaded.is_err()) == 0 {
-            if passed_over > 0 && world.rank() == 0 {
-                tracing::warn!(
-                    "falling back to {} ({passed_over} newer checkpoint(s) unusable)",
-                    candidate.display()
-                );
-            }
-            return Ok(loaded.ok());
-        }
-        passed_over += 1;
-    }
-    match passed_over {
-        0 => Ok(None),
-        n => bail!(
-            "{}: none of its {n} checkpoint(s) loads on every rank (see the warnings); move them \
-             away to start afresh",
-            dir.display()
-        ),
-    }
-}
-
 /// Report an error only this rank saw and end the whole job (MPI_Abort), since the other ranks
 /// may already wait in a collective for this one.
 fn abort_job(world: &ParallelWorld, error: anyhow::Error) -> ! {
@@ -282,17 +257,24 @@ fn abort_job(world: &ParallelWorld, error: anyhow::Error) -> ! {
     world.abort(1)
 }
 
-/// Write this rank's diagnostic dump `nonfinite_step_<N>.rank_<R>.json` into the run directory
-/// and return the error the run stops with.
-fn stop_for_nonfinite(report: Box<NonFiniteReport>, dir: &Path, rank: usize) -> anyhow::Error {
+/// Write this rank's diagnostic dump `nonfinite_step_<N>.rank_<R>.json` of a non-finite stop
+/// into the run directory and return the error the run stops with.
+fn stop_for_nonfinite(error: StepError, dir: &Path, rank: usize) -> anyhow::Error {
+    let Some(report) = error.report() else {
+        return error.into();
+    };
     let path = dir.join(format!(
         "nonfinite_step_{:09}.rank_{rank}.json",
         report.step
     ));
-    let written = serde_json::to_string_pretty(&report)
+    let written = serde_json::to_string_pretty(report)
         .map_err(anyhow::Error::from)
-        .and_then(|json| Ok(std::fs::write(&path, json)?));
-    let error = anyhow::Error::new(StepError::NonFinite(report));
+        .and_then(|json| {
+            Ok(files::write_atomic(&path, |w| {
+                w.write_all(json.as_bytes())
+            })?)
+        });
+    let error = anyhow::Error::new(error);
     match written {
         Ok(()) => error.context(format!("diagnostics in {}", path.display())),
         Err(e) => error.context(format!("and writing {} failed: {e}", path.display())),
@@ -318,19 +300,22 @@ fn agreed_request(signals: &StopSignals, world: &dyn Collective) -> StopRequest 
 }
 
 /// After the checkpoint of `step`: requeue the Slurm job for the warning signal (when running
-/// under Slurm with `[slurm] requeue`), and say how the run continues.
-fn stop_for_signal(request: StopRequest, step: u64, run: &RunConfig) -> Result<()> {
-    let job = std::env::var("SLURM_JOB_ID").ok();
-    match (request, job) {
-        (StopRequest::Requeue, Some(job)) if run.slurm.requeue => {
+/// under Slurm with `[slurm] requeue`; the leader asks Slurm) and end well, or else end with an
+/// error (a non-zero exit: the run did not reach `total_steps`) that says how to continue.
+fn stop_for_signal(request: StopRequest, step: u64, run: &RunConfig, leader: bool) -> Result<()> {
+    let requeue = request == StopRequest::Requeue && run.slurm.requeue;
+    if let Some(job) = std::env::var("SLURM_JOB_ID").ok().filter(|_| requeue) {
+        if leader {
             println!("signal: checkpoint at step {step} written; requeueing Slurm job {job}");
             slurm::requeue(&job)?;
         }
-        _ => println!(
-            "signal: checkpoint at step {step} written; run the same command again to resume"
-        ),
+        return Ok(());
     }
-    Ok(())
+    bail!(
+        "stopped by a signal after step {step} of {}; its checkpoint is written: run the same \
+         command again to resume",
+        run.training.total_steps
+    )
 }
 
 fn step_record(

@@ -10,6 +10,7 @@ pub mod loss;
 pub mod metrics;
 pub mod noise;
 pub mod optim;
+mod resume;
 mod run_config;
 pub mod sampling;
 pub mod scheduler;
@@ -19,6 +20,7 @@ pub mod timesteps;
 mod trainer;
 
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
+pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
     CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LrSchedule, NonFinitePolicy,

@@ -28,6 +28,11 @@ pub struct ParallelismConfig {
     pub tensor_parallel_size: i64,
     /// Pipeline stages; diffusion models support only 1, as in Primus.
     pub pipeline_parallel_size: i64,
+    /// Longest wait, in seconds, of any collective for its peers before the job is ended with an
+    /// error naming the waiting rank (a rank that hangs or is stopped must not hold the job
+    /// forever). Generous by default: a unified checkpoint of a large model is written by one
+    /// rank while the others wait.
+    pub collective_timeout_s: u64,
 }
 
 impl Default for ParallelismConfig {
@@ -35,6 +40,7 @@ impl Default for ParallelismConfig {
         Self {
             tensor_parallel_size: 1,
             pipeline_parallel_size: 1,
+            collective_timeout_s: 1800,
         }
     }
 }
@@ -49,6 +55,12 @@ impl ParallelismConfig {
                     "pipeline parallelism is not supported for diffusion models (must be 1, got {})",
                     self.pipeline_parallel_size
                 ),
+            ));
+        }
+        if self.collective_timeout_s == 0 {
+            return Err(ConfigError::new(
+                "collective_timeout_s",
+                "must be at least 1 second",
             ));
         }
         let tp = self.tensor_parallel_size;
@@ -102,14 +114,9 @@ pub struct RunConfig {
 /// Why a run config could not be used; every variant names the file and, where known, the field.
 #[derive(Debug, thiserror::Error)]
 pub enum RunConfigError {
-    /// The file could not be read.
-    #[error("{path}: {error}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The OS error.
-        error: std::io::Error,
-    },
+    /// The file could not be read (missing, not a regular file, too large); names the file.
+    #[error("{0}")]
+    Read(flux_data::DataError),
     /// Not valid TOML, an unknown key, or a value of the wrong type (toml names the key and line).
     #[error("{path}: {message}")]
     Parse {
@@ -141,10 +148,8 @@ impl RunConfig {
     /// strings), deserialize strictly and validate.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, RunConfigError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| RunConfigError::Read {
-            path: display.clone(),
-            error,
-        })?;
+        let text = flux_data::files::read_to_string_limited(path, MAX_CONFIG_BYTES)
+            .map_err(RunConfigError::Read)?;
         Self::parse(&text, &display, overrides)
     }
 
@@ -154,22 +159,24 @@ impl RunConfig {
             path: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         };
+        let invalid = |error| RunConfigError::Invalid {
+            path: origin.to_string(),
+            error,
+        };
+        let mut tree: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(&e))?;
+        for item in overrides {
+            apply_override(&mut tree, item)?;
+        }
         // Without overrides, read the text itself so errors carry the line and column.
         let config: RunConfig = if overrides.is_empty() {
             toml::from_str(text).map_err(|e| parse_err(&e))?
         } else {
-            let mut tree: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(&e))?;
-            for item in overrides {
-                apply_override(&mut tree, item)?;
-            }
-            toml::Value::Table(tree)
+            toml::Value::Table(tree.clone())
                 .try_into()
                 .map_err(|e: toml::de::Error| parse_err(&e))?
         };
-        config.validate().map_err(|error| RunConfigError::Invalid {
-            path: origin.to_string(),
-            error,
-        })?;
+        require_model(&tree).map_err(invalid)?;
+        config.validate().map_err(invalid)?;
         Ok(config)
     }
 
@@ -198,6 +205,27 @@ impl RunConfig {
             .validate()
             .map_err(|e| e.within("checkpoint"))?;
         self.slurm.validate().map_err(|e| e.within("slurm"))
+    }
+}
+
+/// Largest config file read (a config is a few kilobytes; this bounds a wrong path).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The `[model]` table must be there and say something: a missing or empty one would otherwise
+/// silently stand for FLUX.1 [dev]'s 12 B parameters.
+fn require_model(tree: &toml::Table) -> Result<(), ConfigError> {
+    match tree.get("model") {
+        None => Err(ConfigError::new(
+            "model",
+            "the config has no [model] table; give the model's shape (configs/flux_12b.toml \
+             spells out FLUX.1 [dev])",
+        )),
+        Some(toml::Value::Table(t)) if t.is_empty() => Err(ConfigError::new(
+            "model",
+            "the [model] table is empty; give the model's shape (configs/flux_12b.toml spells \
+             out FLUX.1 [dev])",
+        )),
+        Some(_) => Ok(()),
     }
 }
 

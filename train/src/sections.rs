@@ -78,6 +78,9 @@ pub struct TrainingConfig {
     pub eval_samples: u64,
     /// `"stop"` (default) or `"skip"`: what a step with a non-finite loss or gradient norm does.
     pub nonfinite: NonFinitePolicy,
+    /// Under `nonfinite = "skip"`: the run stops (with the diagnostic dump) when this many steps
+    /// in a row were skipped, since the weights will not recover by themselves.
+    pub max_consecutive_skips: u64,
 }
 
 impl Default for TrainingConfig {
@@ -103,6 +106,7 @@ impl Default for TrainingConfig {
             eval_interval: 0,
             eval_samples: 16,
             nonfinite: NonFinitePolicy::Stop,
+            max_consecutive_skips: 20,
         }
     }
 }
@@ -113,6 +117,11 @@ impl TrainingConfig {
         ConfigError::check(self.total_steps > 0, "total_steps", || {
             "must be at least 1".into()
         })?;
+        ConfigError::check(
+            self.max_consecutive_skips > 0,
+            "max_consecutive_skips",
+            || "must be at least 1".into(),
+        )?;
         ConfigError::check(self.micro_batch_size > 0, "micro_batch_size", || {
             "must be at least 1".into()
         })?;
@@ -320,6 +329,13 @@ impl DataConfig {
             "paths",
             || "source = \"hdf5\" needs at least one shard file or directory".into(),
         )?;
+        for (field, paths) in [("paths", &self.paths), ("eval_paths", &self.eval_paths)] {
+            ConfigError::check(
+                paths.iter().all(|p| !p.as_os_str().is_empty()),
+                field,
+                || "an entry is empty; name a shard file or a directory of them".into(),
+            )?;
+        }
         ConfigError::check(self.prefetch >= 1, "prefetch", || {
             "must read at least 1 micro-batch ahead".into()
         })
@@ -367,6 +383,9 @@ impl Default for CheckpointConfig {
 impl CheckpointConfig {
     /// Check the table; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::check(!self.dir.as_os_str().is_empty(), "dir", || {
+            "is empty; name the run directory".into()
+        })?;
         ConfigError::check(self.keep >= 1, "keep", || {
             "must keep at least 1 checkpoint".into()
         })

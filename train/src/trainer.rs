@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use flux_data::checkpoint::{LoadedCheckpoint, TrainingState};
+use flux_data::checkpoint::{self, LoadedCheckpoint, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::tp::{all_reduce_grads, Collective, TpContext};
@@ -69,6 +69,23 @@ pub enum StepError {
         .0.step, .0.loss, .0.grad_norm
     )]
     NonFinite(Box<NonFiniteReport>),
+    /// Under `[training] nonfinite = "skip"`, `max_consecutive_skips` steps in a row were skipped.
+    #[error(
+        "step {}: loss {} and gradient norm {} are not all finite for the {}th step in a row; \
+         stopping ([training] max_consecutive_skips = {})",
+        .0.step, .0.loss, .0.grad_norm, .1, .1
+    )]
+    TooManySkips(Box<NonFiniteReport>, u64),
+}
+
+impl StepError {
+    /// What the step saw, for a non-finite stop.
+    pub fn report(&self) -> Option<&NonFiniteReport> {
+        match self {
+            Self::NonFinite(report) | Self::TooManySkips(report, _) => Some(report),
+            Self::Data(_) => None,
+        }
+    }
 }
 
 /// One rank's trainer.
@@ -83,6 +100,8 @@ pub struct Trainer<'a> {
     dp: &'a dyn Collective,
     device: Device,
     step: u64,
+    /// Steps skipped in a row for a non-finite loss or gradient norm.
+    consecutive_skips: u64,
 }
 
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
@@ -141,6 +160,7 @@ impl<'a> Trainer<'a> {
             dp,
             device,
             step: 0,
+            consecutive_skips: 0,
         })
     }
 
@@ -232,9 +252,16 @@ impl<'a> Trainer<'a> {
         let grad_norm = clip_grad_norm(&self.model.store, self.run.optimization.gradient_clip);
         let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
-        if skipped && t.nonfinite == NonFinitePolicy::Stop {
+        self.consecutive_skips = if skipped {
+            self.consecutive_skips + 1
+        } else {
+            0
+        };
+        let give_up = t.nonfinite == NonFinitePolicy::Stop
+            || self.consecutive_skips >= t.max_consecutive_skips;
+        if skipped && give_up {
             let position = self.data.position(self.consumed);
-            return Err(StepError::NonFinite(Box::new(NonFiniteReport {
+            let report = Box::new(NonFiniteReport {
                 step: self.step + 1,
                 loss,
                 grad_norm,
@@ -243,7 +270,11 @@ impl<'a> Trainer<'a> {
                 dp_rank: self.dp.rank(),
                 samples: ids,
                 nonfinite_grads: self.nonfinite_grads(),
-            })));
+            });
+            return Err(match t.nonfinite {
+                NonFinitePolicy::Stop => StepError::NonFinite(report),
+                NonFinitePolicy::Skip => StepError::TooManySkips(report, self.consecutive_skips),
+            });
         }
         if skipped {
             self.optimizer.zero_grad();
@@ -318,7 +349,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Continue from a loaded checkpoint: this rank takes its shard of every logical tensor, at
-    /// whatever tensor-parallel size the checkpoint was written. Fails naming a missing tensor.
+    /// whatever tensor-parallel size the checkpoint was written. Every tensor of the checkpoint
+    /// must be taken: fails naming a missing tensor, or listing those the model does not have.
     pub fn restore(&mut self, checkpoint: &LoadedCheckpoint) -> Result<(), String> {
         let rank = self.model.store.tp().rank();
         let specs = self.model.store.param_specs().to_vec();
@@ -350,6 +382,27 @@ impl<'a> Trainer<'a> {
                 })
                 .collect()
         };
+        let groups = checkpoint::GROUPS
+            .iter()
+            .filter_map(|g| Some((g, checkpoint.tensors.get(*g)?)));
+        for (name, tensors) in groups {
+            let mut unused: Vec<&str> = tensors
+                .keys()
+                .filter(|t| !specs.iter().any(|s| &s.name == *t))
+                .map(String::as_str)
+                .collect();
+            unused.sort_unstable();
+            if !unused.is_empty() {
+                return Err(format!(
+                    "{}: the checkpoint's `{name}` group holds {} tensor(s) this model does not \
+                     have, so resuming would drop them: {} (is the [model] table the one \
+                     the run was trained with?)",
+                    checkpoint.dir.display(),
+                    unused.len(),
+                    unused.join(", ")
+                ));
+            }
+        }
         let params = group("params")?;
         // A weights-only checkpoint (converted from BFL or diffusers) starts fresh moments.
         let moments = |name: &str| match checkpoint.tensors.contains_key(name) {

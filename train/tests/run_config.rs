@@ -11,11 +11,40 @@ fn config_path(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The error of `text` (given a `[model]` table when it has none, as a config must) with
+/// `overrides`.
 fn parse_err(text: &str, overrides: &[&str]) -> String {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    RunConfig::parse(text, "test.toml", &overrides)
+    let text = match text.contains("[model") {
+        true => text.to_string(),
+        // Appended, so the lines errors name stay those of `text`.
+        false => format!("{text}\n[model]\nhidden_size = 3072\n"),
+    };
+    RunConfig::parse(&text, "test.toml", &overrides)
         .unwrap_err()
         .to_string()
+}
+
+#[test]
+fn an_empty_config_or_model_table_is_an_error_not_the_12b_defaults() {
+    for text in ["", "[training]\ntotal_steps = 3\n", "[model]\n"] {
+        let err = RunConfig::parse(text, "test.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.toml: model: the ")
+                && err.contains("configs/flux_12b.toml spells"),
+            "{text:?}: {err}"
+        );
+    }
+    let err = parse_err("[checkpoint]\ndir = \"\"\n", &[]);
+    assert!(err.contains("checkpoint.dir: is empty"), "{err}");
+    let err = parse_err("[data]\nsource = \"hdf5\"\npaths = [\"a\", \"\"]\n", &[]);
+    assert!(err.contains("data.paths: an entry is empty"), "{err}");
+    let err = parse_err("[training]\nmax_consecutive_skips = 0\n", &[]);
+    assert!(err.contains("training.max_consecutive_skips"), "{err}");
+    let err = parse_err("[parallelism]\ncollective_timeout_s = 0\n", &[]);
+    assert!(err.contains("parallelism.collective_timeout_s"), "{err}");
 }
 
 #[test]
