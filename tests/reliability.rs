@@ -176,7 +176,7 @@ fn a_corrupt_latest_checkpoint_is_named_and_resume_falls_back_to_the_previous_on
         assert!(named.contains(file.to_str().unwrap()), "{fault}: {named}");
         if fault == "flip" {
             assert!(
-                named.contains("dataset `x_embedder.weight` is corrupt (checksum mismatch)"),
+                named.contains("dataset `params/x_embedder.weight` is corrupt (checksum mismatch)"),
                 "{named}"
             );
         }
@@ -246,6 +246,39 @@ fn a_corrupt_shard_is_named_by_its_checksum_and_ends_the_job() {
         "{log}"
     );
     assert!(log.contains("ending the job"), "{log}");
+
+    // The same shard rewritten without any filter (as another tool's copy may be), then
+    // corrupted: no Fletcher-32 guards the reads, so opening it checks its CRC-32s, as
+    // `data validate` does, and training refuses it before reading a sample.
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let unfiltered = plain.join("part_00001.h5");
+    ok(&Command::new("h5repack")
+        .args(["-f", "NONE"])
+        .arg(clean.join("part_00001.h5"))
+        .arg(&unfiltered)
+        .output()
+        .expect("h5repack (hdf5-tools) runs"));
+    flip_bit_in(&unfiltered, "latents");
+    let out = train(
+        None,
+        &dir.join("plain-run"),
+        &[
+            "data.source=\"hdf5\"",
+            &format!("data.paths=[\"{}\"]", plain.display()),
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "training read an unchecked corrupt shard"
+    );
+    let expected = format!(
+        "{}: dataset `latents` is corrupt (checksum mismatch)",
+        unfiltered.display()
+    );
+    assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
+    let out = flux_hpc(&["data", "validate", plain.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&expected));
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -290,6 +323,28 @@ fn a_nan_sample_is_skipped_or_stops_the_run_with_a_diagnostic_dump() {
     for (name, t) in &one.tensors["params"] {
         assert!(t.equal(&two.tensors["params"][name]), "{name} changed");
     }
+
+    // Skipping is bounded: past max_consecutive_skips steps in a row the run stops, dumping.
+    let bounded = dir.join("bounded");
+    let out = train(
+        None,
+        &bounded,
+        &[
+            &settings[..],
+            &[
+                "training.nonfinite=\"skip\"",
+                "training.max_consecutive_skips=1",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(!out.status.success(), "an unbounded run of skips");
+    let log = stderr(&out);
+    assert!(log.contains("max_consecutive_skips = 1"), "{log}");
+    assert!(bounded
+        .join("nonfinite_step_000000002.rank_0.json")
+        .exists());
+    assert_eq!(latest(&bounded), "step_000000001");
 
     let stop = dir.join("stop");
     let out = train(Some(2), &stop, &settings);
@@ -374,6 +429,8 @@ fn a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_survive
     assert!(log.contains("step_000000004.partial"), "{log}");
     assert_eq!(latest(&run), "step_000000002");
     flux_data::checkpoint::load(&run.join("step_000000002")).unwrap();
+    // Nothing half-written is left to hold the space a retry needs.
+    assert!(!run.join("step_000000004.partial").exists());
     drop(_tmpfs);
     std::fs::remove_dir_all(dir).unwrap();
 }
