@@ -16,7 +16,7 @@ use flux_model::tp::ParamSpec;
 use flux_model::FluxConfig;
 
 pub use safetensors_stream::{
-    write_streaming, write_tensors, SafetensorsReader, TensorInfo, CRC_KEY,
+    decode_in_memory, write_streaming, write_tensors, SafetensorsReader, TensorInfo, CRC_KEY,
 };
 
 use crate::checkpoint::{self, Reader};

@@ -88,71 +88,12 @@ impl SafetensorsReader {
         let mut len_bytes = [0u8; 8];
         file.read_exact_at(&mut len_bytes, 0)
             .map_err(|_| bad("too short for a safetensors header".into()))?;
-        let header_len = u64::from_le_bytes(len_bytes);
-        if header_len > MAX_HEADER || header_len > file_len.saturating_sub(8) {
-            return Err(bad(format!(
-                "header length {header_len} does not fit the file"
-            )));
-        }
+        let header_len = header_len(u64::from_le_bytes(len_bytes), file_len).map_err(bad)?;
         let mut header = vec![0u8; header_len as usize];
         file.read_exact_at(&mut header, 8).map_err(io(path))?;
-        let Members(header) = serde_json::from_slice(&header)
-            .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
         let data_start = 8 + header_len;
-        let data_len = file_len - data_start;
-        let mut tensors = BTreeMap::new();
-        let mut metadata = BTreeMap::new();
-        for (name, entry) in header {
-            if name == "__metadata__" {
-                let pairs = entry
-                    .as_object()
-                    .ok_or_else(|| bad("`__metadata__` is not an object".into()))?;
-                for (k, v) in pairs {
-                    let v = v
-                        .as_str()
-                        .ok_or_else(|| bad(format!("metadata `{k}` is not a string")))?;
-                    metadata.insert(k.clone(), v.to_string());
-                }
-                continue;
-            }
-            if tensors.contains_key(&name) {
-                return Err(bad(format!("`{name}` is listed twice in the header")));
-            }
-            let dtype = entry["dtype"].as_str().unwrap_or_default().to_string();
-            let size = width(&dtype)
-                .ok_or_else(|| bad(format!("`{name}`: unsupported dtype {:?}", entry["dtype"])))?;
-            let shape: Vec<usize> = entry["shape"]
-                .as_array()
-                .and_then(|dims| {
-                    dims.iter()
-                        .map(|d| d.as_u64().map(|d| d as usize))
-                        .collect()
-                })
-                .ok_or_else(|| bad(format!("`{name}`: shape is not a list of sizes")))?;
-            let offsets: Option<Vec<u64>> = entry["data_offsets"]
-                .as_array()
-                .and_then(|o| o.iter().map(Value::as_u64).collect());
-            let (start, end) = match offsets.as_deref() {
-                Some(&[a, b]) if a <= b && b <= data_len => (a, b),
-                _ => return Err(bad(format!("`{name}`: data_offsets outside the file"))),
-            };
-            let bytes = shape_numel(&shape).and_then(|n| n.checked_mul(size));
-            if bytes != Some(end - start) {
-                return Err(bad(format!(
-                    "`{name}`: {} bytes for shape {shape:?} of {dtype}",
-                    end - start
-                )));
-            }
-            tensors.insert(
-                name,
-                TensorInfo {
-                    dtype,
-                    shape,
-                    range: (start, end),
-                },
-            );
-        }
-        check_tiling(&tensors, data_len).map_err(bad)?;
+        let Header { tensors, metadata } =
+            parse_header(&header, file_len - data_start).map_err(bad)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -235,24 +176,127 @@ impl SafetensorsReader {
         self.file
             .read_exact_at(&mut bytes, self.data_start + info.range.0)
             .map_err(io(&self.path))?;
-        let pairs = || {
-            bytes
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        };
-        Ok(match info.dtype.as_str() {
-            "F32" => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            "BF16" => Values::Bf16(pairs().collect()).to_f32(),
-            "F16" => pairs().map(|b| half::f16::from_bits(b).to_f32()).collect(),
-            _ => bytes
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-                .collect(),
-        })
+        Ok(decode_f32(&info.dtype, &bytes))
     }
+}
+
+/// The header length a file of `file_len` bytes declares, if it fits.
+fn header_len(declared: u64, file_len: u64) -> Result<u64, String> {
+    match declared <= MAX_HEADER && declared <= file_len.saturating_sub(8) {
+        true => Ok(declared),
+        false => Err(format!("header length {declared} does not fit the file")),
+    }
+}
+
+/// A checked header: tensors by name, and the `__metadata__` entries.
+struct Header {
+    tensors: BTreeMap<String, TensorInfo>,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Parse and check the JSON `header` of a file whose data section holds `data_len` bytes, as
+/// strictly as the reference reader: a JSON object without duplicate names, every tensor's dtype
+/// a float type flux-hpc reads, its byte count matching its shape, and the byte ranges tiling
+/// the data section exactly (from 0, no gap, no overlap, to its end).
+fn parse_header(header: &[u8], data_len: u64) -> Result<Header, String> {
+    let Members(members) =
+        serde_json::from_slice(header).map_err(|e| format!("header is not a JSON object: {e}"))?;
+    let mut tensors = BTreeMap::new();
+    let mut metadata = BTreeMap::new();
+    for (name, entry) in members {
+        if name == "__metadata__" {
+            let pairs = entry.as_object().ok_or("`__metadata__` is not an object")?;
+            for (k, v) in pairs {
+                let v = v
+                    .as_str()
+                    .ok_or_else(|| format!("metadata `{k}` is not a string"))?;
+                metadata.insert(k.clone(), v.to_string());
+            }
+            continue;
+        }
+        if tensors.contains_key(&name) {
+            return Err(format!("`{name}` is listed twice in the header"));
+        }
+        let dtype = entry["dtype"].as_str().unwrap_or_default().to_string();
+        let size = width(&dtype)
+            .ok_or_else(|| format!("`{name}`: unsupported dtype {:?}", entry["dtype"]))?;
+        let shape: Vec<usize> = entry["shape"]
+            .as_array()
+            .and_then(|dims| {
+                dims.iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect()
+            })
+            .ok_or_else(|| format!("`{name}`: shape is not a list of sizes"))?;
+        let offsets: Option<Vec<u64>> = entry["data_offsets"]
+            .as_array()
+            .and_then(|o| o.iter().map(Value::as_u64).collect());
+        let (start, end) = match offsets.as_deref() {
+            Some(&[a, b]) if a <= b && b <= data_len => (a, b),
+            _ => return Err(format!("`{name}`: data_offsets outside the file")),
+        };
+        let bytes = shape_numel(&shape).and_then(|n| n.checked_mul(size));
+        if bytes != Some(end - start) {
+            return Err(format!(
+                "`{name}`: {} bytes for shape {shape:?} of {dtype}",
+                end - start
+            ));
+        }
+        tensors.insert(
+            name,
+            TensorInfo {
+                dtype,
+                shape,
+                range: (start, end),
+            },
+        );
+    }
+    check_tiling(&tensors, data_len)?;
+    Ok(Header { tensors, metadata })
+}
+
+/// Row-major values of `dtype` (a name [`width`] accepts) in little-endian `bytes`, as f32.
+fn decode_f32(dtype: &str, bytes: &[u8]) -> Vec<f32> {
+    let pairs = || {
+        bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
+    match dtype {
+        "F32" => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        "BF16" => Values::Bf16(pairs().collect()).to_f32(),
+        "F16" => pairs().map(|b| half::f16::from_bits(b).to_f32()).collect(),
+        _ => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect(),
+    }
+}
+
+/// A decoded tensor: name, shape, row-major f32 values.
+pub type DecodedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// The tensors of a whole safetensors file held in memory (a per-sample file in an ingest),
+/// checked as [`SafetensorsReader::open`] checks a file.
+pub fn decode_in_memory(bytes: &[u8]) -> Result<Vec<DecodedTensor>, String> {
+    let declared = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .ok_or("too short for a safetensors header")?;
+    let header_len = header_len(declared, bytes.len() as u64)? as usize;
+    let data = &bytes[8 + header_len..];
+    let header = parse_header(&bytes[8..8 + header_len], data.len() as u64)?;
+    Ok(header
+        .tensors
+        .into_iter()
+        .map(|(name, info)| {
+            let (start, end) = (info.range.0 as usize, info.range.1 as usize);
+            (name, info.shape, decode_f32(&info.dtype, &data[start..end]))
+        })
+        .collect())
 }
 
 /// The tensors' byte ranges must cover `0..data_len` exactly once, as the reference reader
@@ -427,6 +471,18 @@ mod tests {
 
         let dup = format!("{{{},{}}}", t("a", 0, 8), t("a", 8, 16));
         assert!(open_err("dup", &dup, 16).contains("`a` is listed twice"));
+        // The same checks hold for a file read whole (a per-sample file in an ingest).
+        let in_memory = std::fs::read(file("dup-mem", &dup, &[0u8; 16])).unwrap();
+        assert!(decode_in_memory(&in_memory)
+            .unwrap_err()
+            .contains("`a` is listed twice"));
+        let whole = std::fs::read(file("ok-mem", &ok, &[0u8; 16])).unwrap();
+        let names: Vec<String> = decode_in_memory(&whole)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
         let overlap = format!("{{{},{}}}", t("a", 0, 8), t("b", 4, 12));
         assert!(open_err("overlap", &overlap, 12).contains("overlaps"));
         let gap = format!("{{{},{}}}", t("a", 0, 8), t("b", 12, 20));

@@ -3,8 +3,7 @@
 //! (npy content), `txt`/`caption.txt` as UTF-8 text, or one `{key}.safetensors` holding the fields as
 //! named tensors. Other files (json, jpg, …) are ignored.
 
-use safetensors::{Dtype, SafeTensors};
-
+use crate::convert::decode_in_memory;
 use crate::dataset::{Sample, ShardLayout, StorageDtype};
 use crate::ingest::npy::{parse_npy, NpyArray};
 use crate::vae::VaeNorm;
@@ -37,22 +36,6 @@ fn slot<'a>(record: &'a mut Record, field: &str) -> Option<&'a mut Option<NpyArr
     }
 }
 
-fn tensor_values(dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, String> {
-    let pairs = || {
-        data.chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-    };
-    Ok(match dtype {
-        Dtype::BF16 => pairs().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
-        Dtype::F16 => pairs().map(|b| half::f16::from_bits(b).to_f32()).collect(),
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        other => return Err(format!("unsupported safetensors dtype {other:?}")),
-    })
-}
-
 impl Record {
     /// Add the file `rest` (`field.ext` after the key) with content `bytes`.
     pub fn add(&mut self, rest: &str, bytes: &[u8]) -> Result<(), String> {
@@ -69,14 +52,10 @@ impl Record {
                 self.caption = Some(text.trim_end().to_string());
             }
             "safetensors" => {
-                let file = SafeTensors::deserialize(bytes).map_err(|e| format!("`{rest}`: {e}"))?;
-                for (name, view) in file.tensors() {
+                let tensors = decode_in_memory(bytes).map_err(|e| format!("`{rest}`: {e}"))?;
+                for (name, shape, values) in tensors {
                     if let Some(slot) = slot(self, &name) {
-                        *slot = Some(NpyArray {
-                            shape: view.shape().to_vec(),
-                            values: tensor_values(view.dtype(), view.data())
-                                .map_err(|e| format!("`{rest}` tensor `{name}`: {e}"))?,
-                        });
+                        *slot = Some(NpyArray { shape, values });
                     }
                 }
             }
