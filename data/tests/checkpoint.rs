@@ -42,6 +42,21 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
     }
 }
 
+/// A named pipe at `path`, made in-process: a spawned `mkfifo` would inherit the HDF5 files
+/// that concurrent tests hold open for writing (HDF5 opens them without close-on-exec) and keep
+/// their locks alive.
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
 /// A one-process sharded checkpoint writer into `dir` keeping `keep`.
 fn writer<'a>(dir: &'a Path, tp: &'a TpContext, keep: usize) -> CheckpointWriter<'a> {
     CheckpointWriter {
@@ -160,15 +175,17 @@ fn latest_pointing_nowhere_is_an_error() {
             "{text:?}: {err}"
         );
     }
-    // Nor may a special file stall it.
+    // Nor may a special file stall it, or stand in for a checkpoint file.
     std::fs::remove_file(dir.join("latest")).unwrap();
-    assert!(std::process::Command::new("mkfifo")
-        .arg(dir.join("latest"))
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&dir.join("latest"));
     let err = checkpoint::latest(&dir).unwrap_err().to_string();
     assert!(err.contains("FIFO"), "{err}");
+    mkfifo(&dir.join("step_000000001/tp_00.h5"));
+    let err = checkpoint::load(&dir.join("step_000000001"))
+        .err()
+        .expect("a FIFO loaded")
+        .to_string();
+    assert!(err.contains("tp_00.h5: is a FIFO"), "{err}");
     assert!(checkpoint::latest(&temp("empty")).unwrap().is_none());
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -251,7 +251,7 @@ fn truncated_and_mis_shaped_shards_are_errors_naming_the_file() {
 }
 
 #[test]
-fn a_shard_named_twice_is_refused() {
+fn a_shard_named_twice_or_a_special_file_is_refused() {
     let dir = temp("twice");
     let layout = layout(StorageDtype::Bf16, false, false);
     let shard = dir.join("a.h5");
@@ -264,6 +264,18 @@ fn a_shard_named_twice_is_refused() {
             .err()
             .expect("a shard read twice");
         assert!(err.to_string().contains("is listed twice"), "{err}");
+    }
+    // A named pipe among the shards is refused, not opened (which would block).
+    let fifo = dir.join("b.h5");
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+    for paths in [vec![dir.clone()], vec![fifo.clone()]] {
+        let err = LatentDataset::open(&paths).err().expect("a FIFO opened");
+        assert!(err.to_string().contains("b.h5: is a FIFO"), "{err}");
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

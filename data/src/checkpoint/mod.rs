@@ -402,11 +402,11 @@ pub fn remove_all(run_dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     for entry in fs::read_dir(run_dir).map_err(io(run_dir))? {
         let path = entry.map_err(io(run_dir))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let stale = matches!(name, "latest" | "latest.tmp");
-        let step = name.starts_with("step_") && path.is_dir();
-        if step {
+        let pointer = matches!(name, "latest" | "latest.tmp");
+        let step = name.strip_suffix(".partial").unwrap_or(name);
+        if is_step_dir_name(step) && path.is_dir() {
             fs::remove_dir_all(&path).map_err(io(&path))?;
-        } else if stale {
+        } else if pointer {
             fs::remove_file(&path).map_err(io(&path))?;
         } else {
             continue;

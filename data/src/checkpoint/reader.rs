@@ -23,6 +23,7 @@ pub struct Reader {
 }
 
 fn open(path: &Path) -> Result<(hdf5::File, u64), DataError> {
+    crate::files::require_regular(path)?;
     let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
     let version = read_u64(&file, "format_version", path)?;
     if version != FORMAT_VERSION {

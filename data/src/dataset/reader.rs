@@ -49,7 +49,6 @@ pub fn shard_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
             inside.sort();
             files.extend(inside);
         } else if path.exists() {
-            crate::files::require_regular(path)?;
             files.push(path.clone());
         } else {
             return Err(DataError::format(path, "no such file or directory"));
@@ -57,6 +56,7 @@ pub fn shard_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     }
     let mut seen = std::collections::HashMap::new();
     for file in &files {
+        crate::files::require_regular(file)?;
         let real = fs::canonicalize(file).map_err(io(file))?;
         if let Some(first) = seen.insert(real, file) {
             return Err(DataError::format(
