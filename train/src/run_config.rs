@@ -15,6 +15,7 @@
 use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
+use flux_model::tp::check_tp_size;
 use flux_model::{ConfigError, FluxConfig};
 
 use crate::sections::{CheckpointConfig, DataConfig, OptimizationConfig, TrainingConfig};
@@ -70,17 +71,7 @@ impl ParallelismConfig {
                 format!("must be at least 1, got {tp}"),
             ));
         }
-        if model.num_attention_heads % tp != 0 || model.mlp_hidden() % tp != 0 {
-            return Err(ConfigError::new(
-                "tensor_parallel_size",
-                format!(
-                    "{tp} must divide num_attention_heads ({}) and the MLP width ({})",
-                    model.num_attention_heads,
-                    model.mlp_hidden()
-                ),
-            ));
-        }
-        Ok(())
+        check_tp_size(model.num_attention_heads, model.mlp_hidden(), tp as usize)
     }
 }
 
