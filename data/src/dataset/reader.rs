@@ -155,10 +155,11 @@ impl LatentDataset {
         let Some(first) = files.first() else {
             return Err(no_shards(paths));
         };
-        let (layout, _) = open_shard(first)?;
-        let mut shards = Vec::with_capacity(files.len());
-        let (mut starts, mut len) = (Vec::with_capacity(files.len()), 0u64);
-        for path in &files {
+        // Each shard is opened (and its checksums read) once; the first sets the layout.
+        let (layout, first_shard) = open_shard(first)?;
+        let (mut starts, mut len) = (vec![0], first_shard.rows);
+        let mut shards = vec![first_shard];
+        for path in &files[1..] {
             let (other, shard) = open_shard(path)?;
             if other != layout {
                 return Err(DataError::format(
