@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::latents::{sources, tars};
-use common::{flip_bit_at, flux_hpc, ok, records, temp_dir, train, train_command};
+use common::{flip_bit_at, flux_hpc, mkfifo, ok, records, temp_dir, train, train_command};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -234,11 +234,7 @@ fn ingest_inputs_that_would_share_a_shard_are_refused_naming_both() {
 
     // A FIFO given as a tar is refused at once instead of blocking on its open.
     let fifo = dir.join("pipe.tar");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     let out = flux_hpc(
         &[
             "data",
@@ -280,11 +276,7 @@ fn bad_command_lines_and_config_files_are_refused_up_front() {
 
     // A config path that is a FIFO fails at once, naming it.
     let fifo = dir.join("config.toml");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     let out = flux_hpc(&["info", fifo.to_str().unwrap()]);
     assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
 

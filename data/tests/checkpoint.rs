@@ -1,7 +1,10 @@
 //! HDF5 checkpoints on disk: atomic publication, pruning, resharding and corruption detection.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::mkfifo;
 use flux_data::checkpoint::{self, CheckpointLayout, CheckpointWriter, TrainingState};
 use flux_data::DataError;
 use flux_model::tp::{parts, LinearDecl, LinearInit, ParamSpec, Shard, SingleRank, TpContext};
@@ -40,21 +43,6 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
         },
         groups: [tensors, avg, avg_sq],
     }
-}
-
-/// A named pipe at `path`, made in-process: a spawned `mkfifo` would inherit the HDF5 files
-/// that concurrent tests hold open for writing (HDF5 opens them without close-on-exec) and keep
-/// their locks alive.
-fn mkfifo(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    assert_eq!(
-        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-        0,
-        "mkfifo {}",
-        path.display()
-    );
 }
 
 /// A one-process sharded checkpoint writer into `dir` keeping `keep`.

@@ -2,6 +2,8 @@
 //! data-parallel split, the prefetch thread, and detection of corrupt, truncated and mis-shaped
 //! shards.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -267,12 +269,7 @@ fn a_shard_named_twice_or_a_special_file_is_refused() {
     }
     // A named pipe among the shards is refused, not opened (which would block).
     let fifo = dir.join("b.h5");
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
-        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    }
+    common::mkfifo(&fifo);
     for paths in [vec![dir.clone()], vec![fifo.clone()]] {
         let err = LatentDataset::open(&paths).err().expect("a FIFO opened");
         assert!(err.to_string().contains("b.h5: is a FIFO"), "{err}");

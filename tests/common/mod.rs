@@ -152,3 +152,12 @@ pub fn assert_same_records(a: &[Value], b: &[Value], keys: &[&str], rel: f64) {
         }
     }
 }
+
+/// A named pipe at `path` (`mkfifo`).
+pub fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
