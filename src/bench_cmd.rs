@@ -9,8 +9,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use flux_cluster::{ParallelWorld, Placement};
 use flux_data::dataset::LatentDataset;
-use flux_model::flops::ForwardFlops;
-use flux_model::{Flux, FluxBatch};
+use flux_model::{DiffusionBatch, DiffusionModel};
 use flux_train::metrics::peak_rss_mib;
 use flux_train::{build_model, RunConfig, Trainer};
 use serde_json::json;
@@ -103,7 +102,7 @@ enum Work<'a> {
     /// Training steps.
     Step(Box<Trainer<'a>>),
     /// Forward passes of the model on a fixed batch.
-    Forward(Box<Flux>, FluxBatch),
+    Forward(Box<dyn DiffusionModel>, DiffusionBatch),
 }
 
 fn timed(args: TimedArgs, train: bool) -> Result<()> {
@@ -115,8 +114,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
     let device = args.device.device.resolve(placement.local_rank)?;
     let t = &run.training;
-    let p = run.model.patch_size;
-    let (rows, cols) = (t.latent_height / p, t.latent_width / p);
+    let inputs = run.model.inputs();
+    let image_tokens = inputs.image_tokens(t.latent_height, t.latent_width);
+    let text_tokens = inputs.text_tokens(t.text_len);
     // Steps take the global batch over all replicas; forward passes one rank's micro-batch.
     let mut work = if train {
         Work::Step(Box::new(Trainer::new(
@@ -128,22 +128,16 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     } else {
         let model = build_model(&run, device, world.tp.clone())?;
         // The inputs in the weights' dtype, as the trainer feeds them.
-        let kind = model.transformer.x_embedder.weight.kind();
-        let b = FluxBatch::random(
-            &run.model,
+        let batch = DiffusionBatch::random(
+            &inputs,
             t.micro_batch_size as i64,
-            rows,
-            cols,
+            t.latent_height,
+            t.latent_width,
             t.text_len,
             device,
-        );
-        let batch = FluxBatch {
-            img: b.img.to_kind(kind),
-            txt: b.txt.to_kind(kind),
-            y: b.y.to_kind(kind),
-            ..b
-        };
-        Work::Forward(Box::new(model), batch)
+        )
+        .to_kind(model.kind());
+        Work::Forward(model, batch)
     };
     let samples = if train {
         t.global_batch_size
@@ -159,7 +153,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
                 trainer.train_step()?;
             }
             Work::Forward(model, batch) => {
-                let _ = tch::no_grad(|| model.forward(&batch.as_input()))?;
+                let _ = tch::no_grad(|| model.forward(batch, false))?;
             }
         }
         synchronize(device);
@@ -172,7 +166,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         return Ok(());
     }
     // The whole model's FLOPs on all `samples`, however the ranks share them.
-    let flops = ForwardFlops::of(&run.model, samples as i64, rows * cols, t.text_len);
+    let flops = run
+        .model
+        .forward_flops(samples as i64, image_tokens, text_tokens);
     let per_step = if train {
         flops.training_step()
     } else {
@@ -188,8 +184,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "ranks": world.world.size(),
         "tp": world.tp.size(),
         "samples": samples,
-        "image_tokens": rows * cols,
-        "text_tokens": t.text_len,
+        "architecture": run.model.architecture(),
+        "image_tokens": image_tokens,
+        "text_tokens": text_tokens,
         "seconds": seconds,
         "median_s": m,
         "samples_per_s": samples as f64 / m,

@@ -5,34 +5,21 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use flux_cluster::ParallelWorld;
-use flux_model::dit::{Dit, DitConfig, Objective};
-use flux_model::tp::{all_reduce_grads, CollectiveCounts, ShardedStore, TpContext};
-use flux_model::{Flux, FluxBatch, FluxConfig};
+use flux_model::tp::{all_reduce_grads, CollectiveCounts, TpContext};
+use flux_model::DiffusionBatch;
 use flux_train::RunConfig;
 use tch::{Device, Kind, Tensor};
 
 use crate::resolution::Resolution;
 use crate::ConfigArgs;
 
-/// Which architecture to check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Architecture {
-    /// Flux (the config's [model]).
-    Flux,
-    /// A DiT as wide as the config's [model], one block per joint or single layer.
-    Dit,
-}
-
 /// Arguments of `flux-hpc check-parallel`.
 #[derive(Debug, Args)]
 pub struct CheckParallelArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Architecture to check.
-    #[arg(long, value_enum, default_value = "flux")]
-    model: Architecture,
     /// Global batch, split evenly over the data-parallel replicas.
     #[arg(long, default_value_t = 2)]
     batch: i64,
@@ -48,75 +35,6 @@ pub struct CheckParallelArgs {
     /// Random seed for weights and inputs (the same on every rank).
     #[arg(long, default_value_t = 0)]
     seed: i64,
-}
-
-/// A model under check: its parameter store and its forward pass on a batch.
-enum Model {
-    Flux(Box<Flux>),
-    Dit(Box<Dit>),
-}
-
-impl Model {
-    fn new(arch: Architecture, config: &FluxConfig, tp: TpContext) -> Result<Self> {
-        Ok(match arch {
-            Architecture::Flux => {
-                Self::Flux(Box::new(Flux::new_parallel(config, Device::Cpu, tp)?))
-            }
-            Architecture::Dit => {
-                let dit = DitConfig::from_flux(config, Objective::V);
-                Self::Dit(Box::new(Dit::new_parallel(&dit, Device::Cpu, tp)?))
-            }
-        })
-    }
-
-    fn store(&self) -> &ShardedStore {
-        match self {
-            Self::Flux(m) => &m.store,
-            Self::Dit(m) => &m.store,
-        }
-    }
-
-    fn store_mut(&mut self) -> &mut ShardedStore {
-        match self {
-            Self::Flux(m) => &mut m.store,
-            Self::Dit(m) => &mut m.store,
-        }
-    }
-
-    fn forward(&self, batch: &FluxBatch) -> Result<Tensor> {
-        Ok(match self {
-            Self::Flux(m) => m.forward(&batch.as_input())?,
-            Self::Dit(m) => m
-                .transformer
-                .forward(&batch.img, &batch.timesteps, &batch.y),
-        })
-    }
-
-    /// The all-reduces one forward and backward pass should issue on a group of `tp` ranks.
-    fn expected_counts(&self, config: &FluxConfig, tp: usize) -> CollectiveCounts {
-        if tp == 1 {
-            return CollectiveCounts::default();
-        }
-        let (j, s) = (
-            config.num_joint_layers as u64,
-            config.num_single_layers as u64,
-        );
-        match self {
-            // Joint layer: 2 attention + 2 MLP row outputs forward, 2 QKV + 2 MLP column inputs
-            // backward; single layer: one of each; then one bucket of QK-norm gradients.
-            Self::Flux(_) => CollectiveCounts {
-                forward: 4 * j + s,
-                backward: 4 * j + s,
-                grad_sync: 1,
-            },
-            // DiT block: attention and MLP, one each way; no partial gradients.
-            Self::Dit(_) => CollectiveCounts {
-                forward: 2 * (j + s),
-                backward: 2 * (j + s),
-                grad_sync: 0,
-            },
-        }
-    }
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -144,27 +62,36 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
     }
     tch::set_num_threads(1);
     let config = &run.model;
+    let inputs = config.inputs();
 
     // Reference: one process, whole batch. Weights are perturbed off their initial values so that
     // zero-initialised layers (adaLN-Zero) carry gradients everywhere.
     tch::manual_seed(args.seed);
-    let reference = Model::new(args.model, config, TpContext::single())?;
+    let reference = config.build(Device::Cpu, TpContext::single())?;
     tch::no_grad(|| {
         for mut var in reference.store().vs.trainable_variables() {
             let _ = var.g_add_(&(var.randn_like() * 0.05));
         }
     });
     let (rows, cols) = args.resolution.tokens();
-    let batch = FluxBatch::random(config, args.batch, rows, cols, args.text_len, Device::Cpu);
-    let target = batch.img.randn_like();
-    let elements = batch.img.numel() as i64;
-    let expected_out = reference.forward(&batch)?;
+    let p = inputs.patch_size;
+    let batch = DiffusionBatch::random(
+        &inputs,
+        args.batch,
+        rows * p,
+        cols * p,
+        args.text_len,
+        Device::Cpu,
+    );
+    let target = batch.latents.randn_like();
+    let elements = batch.latents.numel() as i64;
+    let expected_out = reference.forward(&batch, false)?;
     loss(&expected_out, &target, elements).backward();
     let expected_grads: HashMap<String, Tensor> =
         reference.store().gather_logical(true).into_iter().collect();
 
     // Parallel: this rank's shard of the weights, its replica's slice of the batch.
-    let mut model = Model::new(args.model, config, world.tp.clone())?;
+    let mut model = config.build(Device::Cpu, world.tp.clone())?;
     model.store_mut().load_logical(
         &reference
             .store()
@@ -174,7 +101,7 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
     )?;
     let local = args.batch / dp_size as i64;
     let start = dp_rank as i64 * local;
-    let out = model.forward(&batch.narrow(start, local))?;
+    let out = model.forward(&batch.narrow(start, local), false)?;
     loss(&out, &target.narrow(0, start, local), elements).backward();
     model.store().finish_grads();
     all_reduce_grads(
@@ -193,13 +120,17 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
     }
 
     let counts = world.tp.counts();
-    let expected = model.expected_counts(config, tp_size);
+    let expected = if tp_size == 1 {
+        CollectiveCounts::default()
+    } else {
+        CollectiveCounts::expected(model.store().param_specs())
+    };
     println!(
-        "rank {} (tp {}/{tp_size}, dp {dp_rank}/{dp_size}, {:?}): output max|Δ| {out_diff:.2e}, gradients \
+        "rank {} (tp {}/{tp_size}, dp {dp_rank}/{dp_size}, {}): output max|Δ| {out_diff:.2e}, gradients \
          max|Δ| {grad_diff:.2e} (at {worst}); all-reduces forward {} backward {} grad-sync {} (expected {} {} {})",
         world.world.rank(),
         world.tp.rank(),
-        args.model,
+        config.architecture(),
         counts.forward,
         counts.backward,
         counts.grad_sync,

@@ -8,6 +8,7 @@ use flux_data::checkpoint::{self, Reader};
 use flux_data::convert::{convert, Format};
 use flux_data::dataset::StorageDtype;
 use flux_model::convert::Layout;
+use flux_model::FluxConfig;
 use flux_train::metrics::peak_rss_mib;
 use flux_train::RunConfig;
 
@@ -79,17 +80,24 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         }
         (None, _) => bail!("--config is required to read {:?} weights", args.from),
     };
+    let Some(flux) = run.model.get::<FluxConfig>() else {
+        bail!(
+            "convert knows the BFL and diffusers layouts of FLUX.1 (architecture \"flux\"); this \
+             model's [model] architecture is \"{}\", which has no external layout to convert",
+            run.model.architecture()
+        );
+    };
     let stored = toml::to_string(&run).context("serialising the run config")?;
     let report = convert(
         args.from.into(),
         &input,
         args.to.into(),
         &args.output,
-        &run.model,
+        flux,
         &stored,
         args.dtype,
     )?;
-    let layout = run.model.param_layout();
+    let layout = run.model.param_specs(1);
     let largest = layout.iter().map(|p| p.numel()).max().unwrap_or(0);
     let mib = |n: u64| n as f64 * 4.0 / (1 << 20) as f64;
     println!("written           {}", report.output.display());

@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use flux_cluster::Placement;
-use flux_model::{Flux, FluxBatch};
+use flux_model::{Flux, FluxBatch, FluxConfig};
 use flux_train::RunConfig;
 
 use crate::info::group_digits;
@@ -47,11 +47,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let device = args.device.device.resolve(placement.local_rank)?;
 
     let mut run = RunConfig::load(&args.config.config, &args.config.overrides)?;
-    let head_dim = run.model.head_dim();
-    run.model.num_attention_heads = args.heads;
-    run.model.hidden_size = args.heads * head_dim;
+    let architecture = run.model.architecture();
+    let flux = run.model.get_mut::<FluxConfig>().ok_or_else(|| {
+        anyhow!("demo runs FLUX.1 configs; this one's [model] architecture is \"{architecture}\"")
+    })?;
+    let head_dim = flux.head_dim();
+    flux.num_attention_heads = args.heads;
+    flux.hidden_size = args.heads * head_dim;
     run.validate().context("the narrowed model is invalid")?;
-    let config = &run.model;
+    let config = run.model.get::<FluxConfig>().expect("checked above");
 
     tch::manual_seed(args.seed);
     let build = Instant::now();

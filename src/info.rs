@@ -21,25 +21,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let m = &run.model;
     println!("config            {}", args.config.config.display());
-    println!(
-        "layers            {} joint + {} single",
-        m.num_joint_layers, m.num_single_layers
-    );
-    println!(
-        "width             hidden {} = {} heads × {}",
-        m.hidden_size,
-        m.num_attention_heads,
-        m.head_dim()
-    );
-    println!(
-        "conditioning      text {} · pooled {} · guidance {}",
-        m.context_dim, m.vec_in_dim, m.guidance_embed
-    );
+    println!("architecture      {}", m.architecture());
+    for (label, value) in m.summary() {
+        println!("{label:<18}{value}");
+    }
     println!(
         "parallelism       tensor {} · pipeline {}",
         run.parallelism.tensor_parallel_size, run.parallelism.pipeline_parallel_size
     );
-    let layout = m.param_layout();
+    let layout = m.param_specs(1);
     let total: u64 = layout.iter().map(|p| p.numel()).sum();
     println!(
         "parameters        {} ({:.3} B, {:.1} GiB in f32)",

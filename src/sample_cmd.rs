@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use flux_data::convert::SafetensorsReader;
 use flux_data::KeyedRng;
-use flux_model::embeddings::{text_position_ids, token_grid_ids};
-use flux_model::{Flux, FluxInput};
+use flux_model::tp::TpContext;
+use flux_model::DiffusionBatch;
 use flux_train::sampling::guided_velocity;
 use flux_train::scheduler::{integrate, FlowMatchEulerDiscreteScheduler};
 use flux_train::{synthetic_data, RunConfig, EVAL_BASE};
@@ -52,13 +52,13 @@ pub struct SampleArgs {
 pub fn run(args: SampleArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let device = args.device.device.resolve(0)?;
-    let config = &run.model;
+    let inputs = run.model.inputs();
     let t = &run.training;
     let dir = &run.checkpoint.dir;
     let weights = args
         .weights
         .unwrap_or_else(|| dir.join("final.safetensors"));
-    let mut model = Flux::new(config, device)?;
+    let mut model = run.model.build(device, TpContext::single())?;
     let reader = SafetensorsReader::open(&weights)?;
     if !reader.verify_checksum()? {
         tracing::warn!(
@@ -68,7 +68,7 @@ pub fn run(args: SampleArgs) -> Result<()> {
     }
     let tensors = reader.read_all()?;
     model
-        .store
+        .store_mut()
         .load_logical(&tensors)
         .with_context(|| format!("{} does not fit this config", weights.display()))?;
 
@@ -81,47 +81,32 @@ pub fn run(args: SampleArgs) -> Result<()> {
     let start = Tensor::from_slice(&noise)
         .view(size.as_slice())
         .to_device(device);
-    let p = config.patch_size;
-    let (rows, cols) = (t.latent_height / p, t.latent_width / p);
-    let img_ids = token_grid_ids(b, rows, cols, device);
-    let txt_ids = text_position_ids(b, t.text_len, device);
-    let guidance = config.guidance_embed.then(|| {
-        Tensor::full(
-            [b],
-            args.guidance.unwrap_or(config.guidance_scale),
-            (Kind::Float, device),
-        )
-    });
+    let guidance = |g: f64| Tensor::full([b], args.guidance.unwrap_or(g), (Kind::Float, device));
+    let conditioned = |txt: &Tensor, y: &Tensor, x: &Tensor, timesteps: Tensor| DiffusionBatch {
+        latents: x.shallow_clone(),
+        timesteps,
+        text: inputs.text_dim.map(|_| txt.shallow_clone()),
+        pooled: inputs.pooled_dim.map(|_| y.shallow_clone()),
+        guidance: inputs.guidance.map(guidance),
+    };
     let (empty_txt, empty_y) = (cond.txt.zeros_like(), cond.y.zeros_like());
+    let image_tokens = inputs.image_tokens(t.latent_height, t.latent_width);
     let schedule =
-        FlowMatchEulerDiscreteScheduler::flux().flux_schedule(args.steps, (rows * cols) as f64);
+        FlowMatchEulerDiscreteScheduler::flux().flux_schedule(args.steps, image_tokens as f64);
 
     let latents = tch::no_grad(|| {
         integrate(start, &schedule.sigmas, args.heun, |x, sigma| {
-            let timesteps = Tensor::full([b], sigma, (Kind::Float, device));
-            let input = FluxInput {
-                img: x,
-                txt: &cond.txt,
-                y: &cond.y,
-                timesteps: &timesteps,
-                img_ids: &img_ids,
-                txt_ids: &txt_ids,
-                guidance: guidance.as_ref(),
+            let timesteps = || Tensor::full([b], sigma, (Kind::Float, device));
+            let predict = |txt: &Tensor, y: &Tensor| {
+                let batch = conditioned(txt, y, x, timesteps()).to_kind(model.kind());
+                model
+                    .forward(&batch, false)
+                    .expect("inputs follow the model's input spec")
+                    .to_kind(Kind::Float)
             };
-            let v = model.forward(&input).expect("inputs follow the config");
+            let v = predict(&cond.txt, &cond.y);
             match args.cfg_scale {
-                Some(scale) => {
-                    let uncond = FluxInput {
-                        txt: &empty_txt,
-                        y: &empty_y,
-                        ..input
-                    };
-                    guided_velocity(
-                        &v,
-                        &model.forward(&uncond).expect("inputs follow the config"),
-                        scale,
-                    )
-                }
+                Some(scale) => guided_velocity(&v, &predict(&empty_txt, &empty_y), scale),
                 None => v,
             }
         })

@@ -76,6 +76,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             tp = world.tp.size(),
             dp = world.dp.size(),
             ?device,
+            architecture = run.model.architecture(),
             params = run.model.num_params(),
             "training steps {}..{stop} of {}, {} samples each",
             first_step + 1,
@@ -127,7 +128,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let save = |trainer: &Trainer| {
         writer.save(
             &trainer.checkpoint_state(),
-            trainer.model().store.param_specs(),
+            trainer.model().store().param_specs(),
         )
     };
 
@@ -215,7 +216,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let weights: Vec<(String, Tensor)> = trainer.model().store.gather_logical(false);
+    let weights: Vec<(String, Tensor)> = trainer.model().store().gather_logical(false);
     if leader {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
         flux_data::convert::write_tensors(&dir.join("final.safetensors"), &weights)?;

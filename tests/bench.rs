@@ -6,7 +6,6 @@ mod common;
 
 use common::latents::{ingest_tars, sources};
 use common::{flux_hpc, ok};
-use flux_model::flops::ForwardFlops;
 use flux_train::RunConfig;
 use serde_json::Value;
 
@@ -41,7 +40,7 @@ fn step_and_forward_report_the_configs_work() {
             "--threads",
             "1",
         ]));
-        let flops = ForwardFlops::of(&run.model, samples as i64, tokens, t.text_len);
+        let flops = run.model.forward_flops(samples as i64, tokens, t.text_len);
         let expected = if what == "step" {
             flops.training_step()
         } else {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use common::{flux_hpc, ok, python, records, temp_dir, train};
 use flux_data::checkpoint;
-use flux_model::{Flux, FluxInput};
+use flux_model::{Flux, FluxConfig, FluxInput};
 use flux_train::RunConfig;
 use tch::{Device, Tensor};
 
@@ -29,7 +29,8 @@ fn trained(name: &str) -> std::path::PathBuf {
 fn model_from(ckpt: &std::path::Path) -> Flux {
     let loaded = checkpoint::load(ckpt).unwrap();
     let run = RunConfig::parse(&loaded.config, "checkpoint", &[]).unwrap();
-    let mut model = Flux::new(&run.model, Device::Cpu).unwrap();
+    let config = run.model.get::<FluxConfig>().expect("a FLUX.1 run");
+    let mut model = Flux::new(config, Device::Cpu).unwrap();
     model.store.load_logical(&loaded.tensors["params"]).unwrap();
     model
 }

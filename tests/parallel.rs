@@ -1,12 +1,14 @@
 //! Tensor and data parallelism under real `mpirun`: every layout must reproduce the
 //! single-process forward output and every parameter gradient within 1e-5 (f32), with exactly the
 //! expected all-reduces. flux_tiny: guidance on, 2 joint + 2 single layers, batch 2, a 3×4 token
-//! grid and 5 text tokens.
+//! grid and 5 text tokens; dit_tiny: 4 DiT blocks over 2×2 patches.
 
 use std::process::{Command, Output};
 
-/// `mpirun -np N flux-hpc check-parallel configs/flux_tiny.toml --set tp=... EXTRA`, bounded in time.
-fn mpirun(np: usize, tp: usize, extra: &[&str]) -> Output {
+const FLUX: &str = "configs/flux_tiny.toml";
+
+/// `mpirun -np N flux-hpc check-parallel CONFIG --set tp=... EXTRA`, bounded in time.
+fn mpirun(config: &str, np: usize, tp: usize, extra: &[&str]) -> Output {
     Command::new("timeout")
         .args([
             "300",
@@ -18,7 +20,7 @@ fn mpirun(np: usize, tp: usize, extra: &[&str]) -> Output {
         ])
         .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .arg(env!("CARGO_BIN_EXE_flux-hpc"))
-        .args(["check-parallel", "configs/flux_tiny.toml", "--set"])
+        .args(["check-parallel", config, "--set"])
         .arg(format!("parallelism.tensor_parallel_size={tp}"))
         .args(extra)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -26,8 +28,8 @@ fn mpirun(np: usize, tp: usize, extra: &[&str]) -> Output {
         .expect("mpirun runs")
 }
 
-fn check_passes(np: usize, tp: usize, extra: &[&str]) -> String {
-    let out = mpirun(np, tp, extra);
+fn check_passes(config: &str, np: usize, tp: usize, extra: &[&str]) -> String {
+    let out = mpirun(config, np, tp, extra);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -45,7 +47,7 @@ fn check_passes(np: usize, tp: usize, extra: &[&str]) -> String {
 
 #[test]
 fn tensor_parallel_two_ranks_matches_one_process() {
-    let out = check_passes(2, 2, &[]);
+    let out = check_passes(FLUX, 2, 2, &[]);
     // 2 joint layers × 4 + 2 single layers × 1 = 10 each way, one bucket of QK-norm gradients.
     assert!(
         out.contains("all-reduces forward 10 backward 10 grad-sync 1 (expected 10 10 1)"),
@@ -55,13 +57,13 @@ fn tensor_parallel_two_ranks_matches_one_process() {
 
 #[test]
 fn tensor_two_by_data_two_matches_one_process() {
-    let out = check_passes(4, 2, &[]);
-    assert!(out.contains("(tp 1/2, dp 1/2, Flux)"), "{out}");
+    let out = check_passes(FLUX, 4, 2, &[]);
+    assert!(out.contains("(tp 1/2, dp 1/2, flux)"), "{out}");
 }
 
 #[test]
 fn data_parallel_two_ranks_matches_one_process() {
-    let out = check_passes(2, 1, &[]);
+    let out = check_passes(FLUX, 2, 1, &[]);
     assert!(
         out.contains("all-reduces forward 0 backward 0 grad-sync 0"),
         "{out}"
@@ -70,7 +72,7 @@ fn data_parallel_two_ranks_matches_one_process() {
 
 #[test]
 fn an_indivisible_layout_fails_on_every_rank_without_hanging() {
-    let out = mpirun(3, 2, &[]);
+    let out = mpirun(FLUX, 3, 2, &[]);
     assert!(!out.status.success());
     assert_ne!(out.status.code(), Some(124), "timed out: a rank hung");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -81,9 +83,10 @@ fn an_indivisible_layout_fails_on_every_rank_without_hanging() {
 }
 
 #[test]
-fn dit_blocks_are_tensor_parallel_too() {
-    // 4 DiT blocks (flux_tiny's 2 + 2 layers), two row outputs and two column inputs each.
-    let out = check_passes(2, 2, &["--model", "dit"]);
+fn dit_tensor_two_by_data_two_matches_one_process() {
+    // 4 DiT blocks, two row outputs and two column inputs each; no partial gradients.
+    let out = check_passes("configs/dit_tiny.toml", 4, 2, &[]);
+    assert!(out.contains("(tp 1/2, dp 1/2, dit)"), "{out}");
     assert!(
         out.contains("all-reduces forward 8 backward 8 grad-sync 0 (expected 8 8 0)"),
         "{out}"

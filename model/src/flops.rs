@@ -1,11 +1,11 @@
-//! Analytic floating-point operations of a Flux forward pass, the numerator of model FLOPs
-//! utilisation (MFU): every weight matrix costs `2 · in · out` FLOPs per row it is applied to
-//! (an image token, a text token, or one conditioning vector per sample), and attention over `L`
-//! tokens costs `4 · L² · D` per sample and layer (`Q·Kᵀ` and `P·V` over all heads). Norms,
-//! activations, RoPE and softmax are not counted, as in Megatron's and PaLM's MFU. A training step
-//! (forward and backward) counts as three forward passes.
-
-use crate::FluxConfig;
+//! Analytic floating-point operations of a forward pass, the numerator of model FLOPs utilisation
+//! (MFU). Each architecture lists its weight matrices and what each is applied to
+//! ([`ModelConfig::forward_flops`](crate::ModelConfig::forward_flops)); every matrix costs
+//! `2 · in · out` FLOPs per row it is applied to (an image token, a text token, or one
+//! conditioning vector per sample), and attention over `L` tokens costs `4 · L² · D` per sample and
+//! layer (`Q·Kᵀ` and `P·V` over all heads). Norms, activations, RoPE and softmax are not counted,
+//! as in Megatron's and PaLM's MFU. A training step (forward and backward) counts as three forward
+//! passes.
 
 /// What a weight matrix is applied to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,43 +20,6 @@ pub enum Rows {
     Sample,
 }
 
-/// Every weight matrix of `config`'s model as `(in · out, rows it is applied to)`.
-pub fn weight_matrices(config: &FluxConfig) -> Vec<(f64, Rows)> {
-    let d = config.hidden_size as f64;
-    let m = config.mlp_hidden() as f64;
-    let channels = config.token_channels() as f64;
-    let timestep = config.model_channels as f64 * d + d * d;
-    let mut out = vec![
-        (channels * d, Rows::Image),
-        (config.context_dim as f64 * d, Rows::Text),
-        (timestep, Rows::Sample),
-        (config.vec_in_dim as f64 * d + d * d, Rows::Sample),
-    ];
-    if config.guidance_embed {
-        out.push((timestep, Rows::Sample));
-    }
-    for _ in 0..config.num_joint_layers {
-        for rows in [Rows::Image, Rows::Text] {
-            // Modulation, fused QKV, output projection, MLP in and out.
-            out.extend([
-                (6.0 * d * d, Rows::Sample),
-                (3.0 * d * d, rows),
-                (d * d, rows),
-                (2.0 * d * m, rows),
-            ]);
-        }
-    }
-    for _ in 0..config.num_single_layers {
-        out.extend([
-            (3.0 * d * d, Rows::Sample),
-            (d * (3.0 * d + m), Rows::Tokens),
-            ((d + m) * d, Rows::Tokens),
-        ]);
-    }
-    out.extend([(2.0 * d * d, Rows::Sample), (d * channels, Rows::Image)]);
-    out
-}
-
 /// The work of one forward pass, split by where it goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ForwardFlops {
@@ -66,27 +29,48 @@ pub struct ForwardFlops {
     pub attention: f64,
 }
 
+/// The attention layers of a model, for the FLOPs count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attention {
+    /// Layers with one attention each.
+    pub layers: usize,
+    /// Width `D` of queries, keys and values (all heads).
+    pub width: i64,
+    /// The tokens attended over: [`Rows::Tokens`] (joint text and image) or [`Rows::Image`].
+    pub over: Rows,
+}
+
+impl Rows {
+    /// How many rows of this kind a sample has.
+    fn count(self, img: f64, txt: f64) -> f64 {
+        match self {
+            Rows::Image => img,
+            Rows::Text => txt,
+            Rows::Tokens => img + txt,
+            Rows::Sample => 1.0,
+        }
+    }
+}
+
 impl ForwardFlops {
-    /// Forward FLOPs of `config` on `batch` samples of `img` image tokens and `txt` text tokens.
-    pub fn of(config: &FluxConfig, batch: i64, img: i64, txt: i64) -> Self {
+    /// Forward FLOPs on `batch` samples of `img` image and `txt` text tokens, of a model whose
+    /// weight matrices are `matrices` (`(in · out, rows)`) and whose attention is `attention`.
+    pub fn of(
+        matrices: &[(f64, Rows)],
+        attention: Attention,
+        batch: i64,
+        img: i64,
+        txt: i64,
+    ) -> Self {
         let (b, img, txt) = (batch as f64, img as f64, txt as f64);
-        let tokens = img + txt;
-        let linear = weight_matrices(config)
-            .into_iter()
-            .map(|(weights, rows)| {
-                weights
-                    * match rows {
-                        Rows::Image => img,
-                        Rows::Text => txt,
-                        Rows::Tokens => tokens,
-                        Rows::Sample => 1.0,
-                    }
-            })
-            .sum::<f64>();
-        let layers = (config.num_joint_layers + config.num_single_layers) as f64;
+        let linear: f64 = matrices
+            .iter()
+            .map(|&(weights, rows)| weights * rows.count(img, txt))
+            .sum();
+        let l = attention.over.count(img, txt);
         Self {
             linear: 2.0 * b * linear,
-            attention: layers * b * 4.0 * tokens * tokens * config.hidden_size as f64,
+            attention: attention.layers as f64 * b * 4.0 * l * l * attention.width as f64,
         }
     }
 

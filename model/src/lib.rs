@@ -1,6 +1,8 @@
 //! # flux-model
 //!
-//! The Flux MMDiT diffusion transformer (FLUX.1, Primus' Megatron-Core Flux) in Rust on libtorch.
+//! Diffusion transformers in Rust on libtorch: FLUX.1 (Primus' Megatron-Core Flux) and DiT, each
+//! an [`architecture`] the rest of flux-hpc trains, samples, checkpoints and shards through the
+//! [`ModelConfig`] / [`DiffusionModel`] traits.
 //!
 //! Data flow of one forward pass (batch-first, `D` = hidden width, `Li`/`Lt` image/text tokens):
 //!
@@ -18,22 +20,26 @@
 // Lets the macro's `::flux_model::…` paths resolve inside this crate too.
 extern crate self as flux_model;
 
+pub mod architecture;
 pub mod attention;
 pub mod blocks;
-mod config;
+mod config_error;
 pub mod convert;
 pub mod dit;
 pub mod embeddings;
 pub mod flops;
-mod flux;
-mod input;
+pub mod flux;
 pub mod layers;
 pub mod patchify;
+mod prediction;
 pub mod recompute;
 pub mod tp;
 mod widths;
 
-pub use config::{ConfigError, FluxConfig};
-pub use flux::{Flux, FluxTransformer};
-pub use input::{FluxBatch, FluxInput, InputError};
+pub use architecture::{
+    DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig, ModelSpec, ARCHITECTURES,
+};
+pub use config_error::ConfigError;
+pub use flux::{Flux, FluxBatch, FluxConfig, FluxInput, FluxTransformer};
+pub use prediction::{per_sample, Prediction};
 pub use widths::Widths;

@@ -81,7 +81,12 @@ unsafe extern "C" fn callback(
 
 /// Run `block` on `inputs` through a recomputing autograd node; returns its `n_out` outputs.
 /// Gradients flow to the inputs and to every parameter the block uses.
-pub fn recompute(inputs: &[&Tensor], n_out: usize, block: BlockFn) -> Vec<Tensor> {
+pub fn recompute(
+    inputs: &[&Tensor],
+    n_out: usize,
+    block: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static,
+) -> Vec<Tensor> {
+    let block: BlockFn = Box::new(block);
     let id = NEXT.with(|n| {
         let id = n.get();
         n.set(id + 1);

@@ -1,26 +1,23 @@
-//! The DiT written with `#[diffusion_block]`: shapes, adaLN-Zero at initialisation, objectives,
-//! and its fixed position embedding.
+//! The DiT written with `#[diffusion_block]`: shapes, adaLN-Zero at initialisation, its fixed
+//! position embedding, and its face as an architecture (inputs, FLOPs, registry).
 
 use approx::assert_abs_diff_eq;
-use flux_model::dit::{sincos_2d, Dit, DitConfig, DitTransformer, Objective};
+use flux_model::dit::{sincos_2d, Dit, DitConfig, DitTransformer};
 use flux_model::tp::TpContext;
-use flux_model::Widths;
+use flux_model::{DiffusionBatch, ModelConfig, ModelSpec};
 use tch::{Device, Kind, Tensor};
 
 fn config() -> DitConfig {
     DitConfig {
         depth: 2,
-        widths: Widths {
-            hidden_size: 32,
-            num_attention_heads: 4,
-            mlp_ratio: 4.0,
-            in_channels: 4,
-            patch_size: 2,
-        },
+        hidden_size: 32,
+        num_attention_heads: 4,
+        mlp_ratio: 4.0,
+        in_channels: 4,
+        patch_size: 2,
         cond_dim: 6,
         frequency_embedding_size: 16,
         layernorm_epsilon: 1e-6,
-        objective: Objective::Epsilon,
     }
 }
 
@@ -60,18 +57,55 @@ fn parameter_names_and_count() {
 }
 
 #[test]
-fn objectives_have_their_closed_forms() {
-    let x0 = Tensor::from_slice(&[2.0f32]);
-    let noise = Tensor::from_slice(&[1.0f32]);
-    let alpha_bar = Tensor::from_slice(&[0.64f32]);
-    let eps = Objective::Epsilon
-        .target(&x0, &noise, &alpha_bar)
-        .double_value(&[0]);
-    let v = Objective::V
-        .target(&x0, &noise, &alpha_bar)
-        .double_value(&[0]);
-    assert_eq!(eps, 1.0);
-    assert_abs_diff_eq!(v, 0.8 * 1.0 - 0.6 * 2.0, epsilon = 1e-6);
+fn the_generic_forward_is_the_transformer_on_the_pooled_vector() {
+    tch::manual_seed(3);
+    let spec = ModelSpec::new(config());
+    let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    tch::no_grad(|| {
+        for mut var in model.store().vs.trainable_variables() {
+            let _ = var.g_add_(&(var.randn_like() * 0.1));
+        }
+    });
+    let batch = DiffusionBatch::random(&spec.inputs(), 2, 6, 10, 0, Device::Cpu);
+    assert!(batch.text.is_none() && batch.guidance.is_none());
+    let out = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    let dit = Dit::new_parallel(&config(), Device::Cpu, TpContext::single()).unwrap();
+    let mut dit = dit;
+    dit.store
+        .load_logical(&model.store().gather_logical(false).into_iter().collect())
+        .unwrap();
+    let pooled = batch.pooled.as_ref().unwrap();
+    let direct = tch::no_grad(|| {
+        dit.transformer
+            .forward(&batch.latents, &batch.timesteps, pooled)
+    });
+    assert_eq!(out.size(), [2, 4, 6, 10]);
+    assert_eq!((out - direct).abs().max().double_value(&[]), 0.0);
+    // A text tensor the DiT does not take is refused by name.
+    let with_text = DiffusionBatch {
+        text: Some(Tensor::zeros([2, 3, 8], (Kind::Float, Device::Cpu))),
+        ..batch.narrow(0, 2)
+    };
+    assert_eq!(
+        model.forward(&with_text, false).unwrap_err().argument,
+        "text"
+    );
+}
+
+#[test]
+fn the_flops_model_covers_every_weight_matrix() {
+    let c = config();
+    let matrices: f64 = c.weight_matrices().iter().map(|(w, _)| w).sum();
+    let layout: u64 = c
+        .param_specs(1)
+        .iter()
+        .filter(|s| s.shape.len() == 2)
+        .map(|s| s.numel())
+        .sum();
+    assert_eq!(matrices, layout as f64);
+    // DiT attends over image tokens only: 4·L²·D per block and sample.
+    let f = flux_model::architecture::forward_flops(&c, 1, 3, 7);
+    assert_eq!(f.attention, 2.0 * 4.0 * 9.0 * 32.0);
 }
 
 #[test]
@@ -98,7 +132,7 @@ fn sincos_positions_encode_column_then_row() {
 #[test]
 fn invalid_dit_configs_name_the_field() {
     let mut c = config();
-    c.widths.num_attention_heads = 5;
+    c.num_attention_heads = 5;
     assert_eq!(c.validate().unwrap_err().field, "num_attention_heads");
     let shallow = DitConfig {
         depth: 0,

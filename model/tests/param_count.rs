@@ -113,7 +113,7 @@ fn the_flops_model_counts_every_weight_matrix_once() {
         ..FluxConfig::flux_12b()
     };
     for config in [common::tiny_config(), FluxConfig::flux_535m(), dev] {
-        let matrices: f64 = flux_model::flops::weight_matrices(&config)
+        let matrices: f64 = flux_model::flux::flops::weight_matrices(&config)
             .iter()
             .map(|(w, _)| w)
             .sum();
@@ -127,6 +127,27 @@ fn the_flops_model_counts_every_weight_matrix_once() {
     }
     // Attention at one token per sample is 4·D per layer; 2·weights per token otherwise.
     let c = FluxConfig::flux_535m();
-    let f = flux_model::flops::ForwardFlops::of(&c, 1, 1, 0);
+    let f = flux_model::architecture::forward_flops(&c, 1, 1, 0);
     assert_eq!(f.attention, 4.0 * c.hidden_size as f64 * 2.0);
+}
+
+#[test]
+fn every_registered_architecture_counts_each_weight_matrix_once_for_flops() {
+    for architecture in flux_model::ARCHITECTURES {
+        let mut table = toml::Table::new();
+        table.insert("architecture".into(), architecture.name.into());
+        let spec = flux_model::ModelSpec::from_table(table).unwrap();
+        let matrices: f64 = spec.weight_matrices().iter().map(|(w, _)| w).sum();
+        let layout: u64 = spec
+            .param_specs(1)
+            .iter()
+            .filter(|s| s.shape.len() == 2)
+            .map(|s| s.numel())
+            .sum();
+        assert_eq!(matrices, layout as f64, "{}", architecture.name);
+        assert_eq!(
+            spec.num_params(),
+            spec.param_specs(8).iter().map(|s| s.numel()).sum::<u64>()
+        );
+    }
 }

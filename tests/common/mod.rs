@@ -17,11 +17,19 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The config [`train`] runs.
+pub const FLUX_TINY: &str = "configs/flux_tiny.toml";
+
 /// `flux-hpc train configs/flux_tiny.toml` writing into `dir`, as one process (`np = None`) or
 /// under `mpirun -np N`. Each `extra` item is a `--set` override, or, when it starts with `--`,
 /// raw arguments (`"--stop-after 3"`).
 pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
-    train_command(np, dir, extra)
+    train_config(FLUX_TINY, np, dir, extra)
+}
+
+/// As [`train`], with the run config `config` (relative to the repository root).
+pub fn train_config(config: &str, np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
+    train_command_for(config, np, dir, extra)
         .output()
         .expect("flux-hpc runs")
 }
@@ -29,6 +37,11 @@ pub fn train(np: Option<usize>, dir: &Path, extra: &[&str]) -> Output {
 /// The command [`train`] runs, to spawn, add environment to, or signal. Under mpirun it is
 /// `timeout 600 mpirun … flux-hpc train …`.
 pub fn train_command(np: Option<usize>, dir: &Path, extra: &[&str]) -> Command {
+    train_command_for(FLUX_TINY, np, dir, extra)
+}
+
+/// As [`train_command`], with the run config `config`.
+pub fn train_command_for(config: &str, np: Option<usize>, dir: &Path, extra: &[&str]) -> Command {
     let bin = env!("CARGO_BIN_EXE_flux-hpc");
     let mut cmd = match np {
         None => Command::new(bin),
@@ -47,19 +60,13 @@ pub fn train_command(np: Option<usize>, dir: &Path, extra: &[&str]) -> Command {
             c
         }
     };
-    cmd.args([
-        "train",
-        "configs/flux_tiny.toml",
-        "--device",
-        "cpu",
-        "--set",
-    ])
-    .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
-    .args(extra.iter().flat_map(|e| match e.strip_prefix("--") {
-        Some(_) => e.split_whitespace().collect::<Vec<_>>(),
-        None => vec!["--set", e],
-    }))
-    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.args(["train", config, "--device", "cpu", "--set"])
+        .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
+        .args(extra.iter().flat_map(|e| match e.strip_prefix("--") {
+            Some(_) => e.split_whitespace().collect::<Vec<_>>(),
+            None => vec!["--set", e],
+        }))
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
     cmd
 }
 

@@ -18,15 +18,17 @@ use crate::RunConfig;
 pub const EVAL_BASE: u64 = 1 << 62;
 
 /// The synthetic dataset a run trains on: its `[training]` seed and latent and text sizes.
+/// Text states and pooled vectors are empty (zero-width) for a model that takes none.
 pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
     let t = &run.training;
+    let inputs = run.model.inputs();
     let shape = SyntheticShape {
-        channels: run.model.in_channels,
+        channels: inputs.latent_channels,
         height: t.latent_height,
         width: t.latent_width,
-        text_len: t.text_len,
-        context_dim: run.model.context_dim,
-        vec_dim: run.model.vec_in_dim,
+        text_len: inputs.text_tokens(t.text_len),
+        context_dim: inputs.text_dim.unwrap_or(0),
+        vec_dim: inputs.pooled_dim.unwrap_or(0),
     };
     SyntheticLatents::new(t.seed, shape)
 }
@@ -84,19 +86,22 @@ impl DataSource {
                 "held-out shards have other shapes than the training shards",
             ));
         }
-        let (m, t) = (&run.model, &run.training);
+        let (m, t) = (run.model.inputs(), &run.training);
         let [c, h, w] = layout.latent.map(|v| v as i64);
-        let pack = c * 4 == m.in_channels;
+        let pack = c * 4 == m.latent_channels;
         let (c, h, w) = if pack {
             (c * 4, h / 2, w / 2)
         } else {
             (c, h, w)
         };
-        if c != m.in_channels {
+        if c != m.latent_channels {
             return Err(mismatch(
                 "latent channel count",
                 c.to_string(),
-                format!("model.in_channels = {} (or a quarter of it)", m.in_channels),
+                format!(
+                    "the model's {} latent channels (or a quarter of them)",
+                    m.latent_channels
+                ),
             ));
         }
         if (h, w) != (t.latent_height, t.latent_width) {
@@ -110,22 +115,28 @@ impl DataSource {
             ));
         }
         let [s, dt] = layout.text.map(|v| v as i64);
-        if (s, dt) != (t.text_len, m.context_dim) {
-            return Err(mismatch(
-                "text states shape",
-                format!("[{s}, {dt}]"),
-                format!(
-                    "[training.text_len, model.context_dim] = [{}, {}]",
-                    t.text_len, m.context_dim
-                ),
-            ));
+        match m.text_dim {
+            Some(width) if (s, dt) != (t.text_len, width) => {
+                return Err(mismatch(
+                    "text states shape",
+                    format!("[{s}, {dt}]"),
+                    format!(
+                        "[training.text_len, the model's text width] = [{}, {width}]",
+                        t.text_len
+                    ),
+                ));
+            }
+            _ => {}
         }
-        if layout.pooled as i64 != m.vec_in_dim {
-            return Err(mismatch(
-                "pooled width",
-                layout.pooled.to_string(),
-                format!("model.vec_in_dim = {}", m.vec_in_dim),
-            ));
+        match m.pooled_dim {
+            Some(width) if layout.pooled as i64 != width => {
+                return Err(mismatch(
+                    "pooled width",
+                    layout.pooled.to_string(),
+                    format!("the model's pooled width {width}"),
+                ));
+            }
+            _ => {}
         }
         Ok(Self::Hdf5(Box::new(Hdf5Data {
             paths: d.paths.clone(),

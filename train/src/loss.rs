@@ -1,35 +1,9 @@
-//! Diffusion losses: what the model predicts, and how errors are reduced.
+//! Diffusion losses: how the errors between a prediction and its target are reduced.
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::noise::per_sample;
-
-/// The regression target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Prediction {
-    /// Velocity of the straight path: `ε − x₀` (Flux).
-    FlowMatching,
-    /// The noise `ε` (DDPM).
-    Epsilon,
-    /// `σ·ε − (1 − σ)·x₀`.
-    VPrediction,
-}
-
-impl Prediction {
-    /// The target for clean `x0`, `noise` and per-sample `sigma [B]`.
-    pub fn target(&self, x0: &Tensor, noise: &Tensor, sigma: &Tensor) -> Tensor {
-        match self {
-            Self::FlowMatching => noise - x0,
-            Self::Epsilon => noise.shallow_clone(),
-            Self::VPrediction => {
-                let s = per_sample(sigma, x0);
-                &s * noise - (s.ones_like() - &s) * x0
-            }
-        }
-    }
-}
+pub use flux_model::Prediction;
 
 /// How elementwise errors become one number.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -1,13 +1,7 @@
 //! Forward processes: how clean latents and noise mix at a given time.
 
+use flux_model::per_sample;
 use tch::Tensor;
-
-/// Reshape per-sample `[B]` values to broadcast over `like`'s trailing dimensions: `[B, 1, 1, …]`.
-pub fn per_sample(values: &Tensor, like: &Tensor) -> Tensor {
-    let mut shape = vec![values.size()[0]];
-    shape.resize(like.dim(), 1);
-    values.view(shape.as_slice())
-}
 
 /// Rectified flow: `x_σ = (1 − σ)·x₀ + σ·ε`. `x0`, `noise` `[B, …]`, `sigma` `[B]` in `[0, 1]`.
 pub fn apply_flow_matching_noise(x0: &Tensor, noise: &Tensor, sigma: &Tensor) -> Tensor {

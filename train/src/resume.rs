@@ -115,3 +115,53 @@ fn newest_usable_checkpoint(
         )),
     }
 }
+
+/// The architecture a checkpoint's stored run config names (`"flux"` for configs from before
+/// architectures were named, whose `[model]` table has no `architecture` key).
+fn stored_architecture(config: &str) -> Result<String, String> {
+    let table: toml::Table = config
+        .parse()
+        .map_err(|e| format!("its stored run config is not valid TOML: {e}"))?;
+    match table
+        .get("model")
+        .and_then(|m| m.get(flux_model::architecture::ARCHITECTURE_KEY))
+    {
+        None => Ok(flux_model::ARCHITECTURES[0].name.to_string()),
+        Some(toml::Value::String(name)) => Ok(name.clone()),
+        Some(other) => Err(format!(
+            "its stored run config names the architecture {other}, not a string"
+        )),
+    }
+}
+
+/// Refuse a checkpoint written by another architecture than `expected`, naming both.
+pub fn check_architecture(checkpoint: &LoadedCheckpoint, expected: &str) -> Result<(), String> {
+    let dir = checkpoint.dir.display();
+    let stored = stored_architecture(&checkpoint.config).map_err(|e| format!("{dir}: {e}"))?;
+    if stored == expected {
+        return Ok(());
+    }
+    Err(format!(
+        "{dir} holds a \"{stored}\" model, but this run's [model] architecture is \"{expected}\"; \
+         resume it with a config of architecture \"{stored}\", or start this run in another \
+         [checkpoint] dir"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_architectures_default_to_flux() {
+        assert_eq!(
+            stored_architecture("[model]\nhidden_size = 8").unwrap(),
+            "flux"
+        );
+        assert_eq!(stored_architecture("").unwrap(), "flux");
+        let dit = "[model]\narchitecture = \"dit\"\ndepth = 2";
+        assert_eq!(stored_architecture(dit).unwrap(), "dit");
+        assert!(stored_architecture("[model]\narchitecture = 3").is_err());
+        assert!(stored_architecture("[model").is_err());
+    }
+}

@@ -1,7 +1,7 @@
 //! The run configuration file: a TOML document with one table per concern.
 //!
 //! ```toml
-//! [model]          # FluxConfig: the network's shape
+//! [model]          # the network: `architecture = "flux" | "dit"` (default flux) and its shape
 //! [training]       # steps, batch sizes, resolution, timestep sampling, precision
 //! [optimization]   # AdamW, learning-rate schedule, gradient clipping
 //! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
@@ -15,8 +15,7 @@
 use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
-use flux_model::tp::check_tp_size;
-use flux_model::{ConfigError, FluxConfig};
+use flux_model::{ConfigError, ModelSpec};
 
 use crate::sections::{CheckpointConfig, DataConfig, OptimizationConfig, TrainingConfig};
 use serde::{Deserialize, Serialize};
@@ -48,7 +47,7 @@ impl Default for ParallelismConfig {
 
 impl ParallelismConfig {
     /// Check sizes against the model; the error names the field within `[parallelism]`.
-    pub fn validate(&self, model: &FluxConfig) -> Result<(), ConfigError> {
+    pub fn validate(&self, model: &ModelSpec) -> Result<(), ConfigError> {
         if self.pipeline_parallel_size != 1 {
             return Err(ConfigError::new(
                 "pipeline_parallel_size",
@@ -71,7 +70,7 @@ impl ParallelismConfig {
                 format!("must be at least 1, got {tp}"),
             ));
         }
-        check_tp_size(model.num_attention_heads, model.mlp_hidden(), tp as usize)
+        model.check_tp_size(tp as usize)
     }
 }
 
@@ -79,9 +78,9 @@ impl ParallelismConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
-    /// `[model]`.
+    /// `[model]`: the architecture and its shape.
     #[serde(default)]
-    pub model: FluxConfig,
+    pub model: ModelSpec,
     /// `[training]`.
     #[serde(default)]
     pub training: TrainingConfig,
@@ -175,9 +174,8 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate().map_err(|e| e.within("model"))?;
         self.training.validate().map_err(|e| e.within("training"))?;
-        let dropout = self.model.hidden_dropout > 0.0 || self.model.attention_dropout > 0.0;
         ConfigError::check(
-            !(self.training.recompute && dropout),
+            !(self.training.recompute && self.model.uses_dropout()),
             "training.recompute",
             || {
                 "recomputation replays layers without their dropout masks; set model.hidden_dropout and \

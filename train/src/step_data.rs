@@ -3,11 +3,10 @@
 //! of a global batch sees the same numbers.
 
 use flux_data::{KeyedRng, LatentSamples};
-use flux_model::embeddings::{text_position_ids, token_grid_ids};
-use flux_model::{FluxBatch, FluxConfig};
+use flux_model::{per_sample, DiffusionBatch, InputSpec};
 use tch::{Device, Kind, Tensor};
 
-use crate::noise::{apply_flow_matching_noise, per_sample};
+use crate::noise::apply_flow_matching_noise;
 use crate::scheduler::FlowMatchEulerDiscreteScheduler;
 use crate::timesteps::TimestepSampler;
 
@@ -19,7 +18,7 @@ const DROPOUT_STREAM: u64 = 3;
 #[derive(Debug)]
 pub struct StepData {
     /// What the model sees (noisy latents, conditioning, σ as `timesteps`).
-    pub batch: FluxBatch,
+    pub batch: DiffusionBatch,
     /// Clean latents `[B, C, H, W]`.
     pub x0: Tensor,
     /// Noise `[B, C, H, W]`.
@@ -37,12 +36,13 @@ pub enum NoiseLevels<'a> {
     Equidistant,
 }
 
-/// Build the inputs for clean `samples` keyed by `ids` (global sample counters). `cfg_dropout`
-/// replaces a sample's text and pooled vector by zeros with that probability; the guidance input
-/// is filled when the model embeds guidance.
+/// Build the inputs `inputs` declares for clean `samples` keyed by `ids` (global sample
+/// counters): the text states and pooled vector when the model takes them, the default guidance
+/// when it embeds guidance. `cfg_dropout` replaces a sample's text and pooled vector by zeros
+/// with that probability.
 pub fn step_data(
     samples: LatentSamples,
-    config: &FluxConfig,
+    inputs: &InputSpec,
     ids: &[u64],
     seed: u64,
     levels: NoiseLevels,
@@ -83,19 +83,15 @@ pub fn step_data(
     .to_device(device);
     let keep = Tensor::from_slice(&keep).to_device(device);
     let b = ids.len() as i64;
-    let (h, w) = (x0.size()[2], x0.size()[3]);
-    let p = config.patch_size;
-    let text_len = samples.txt.size()[1];
-    let batch = FluxBatch {
-        img: apply_flow_matching_noise(&x0, &noise, &sigmas),
-        txt: &samples.txt * per_sample(&keep, &samples.txt),
-        y: &samples.y * per_sample(&keep, &samples.y),
+    let dropped = |t: &Tensor| t * per_sample(&keep, t);
+    let batch = DiffusionBatch {
+        latents: apply_flow_matching_noise(&x0, &noise, &sigmas),
         timesteps: sigmas.shallow_clone(),
-        img_ids: token_grid_ids(b, h / p, w / p, device),
-        txt_ids: text_position_ids(b, text_len, device),
-        guidance: config
-            .guidance_embed
-            .then(|| Tensor::full([b], config.guidance_scale, (Kind::Float, device))),
+        text: inputs.text_dim.map(|_| dropped(&samples.txt)),
+        pooled: inputs.pooled_dim.map(|_| dropped(&samples.y)),
+        guidance: inputs
+            .guidance
+            .map(|g| Tensor::full([b], g, (Kind::Float, device))),
     };
     StepData {
         batch,

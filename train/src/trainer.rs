@@ -7,13 +7,14 @@ use flux_data::checkpoint::{self, LoadedCheckpoint, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::tp::{all_reduce_grads, Collective, TpContext};
-use flux_model::{ConfigError, Flux};
+use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
 use crate::data_source::DataSource;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
+use crate::resume::check_architecture;
 use crate::scheduler::FlowMatchEulerDiscreteScheduler;
 use crate::sections::{NonFinitePolicy, Precision};
 use crate::step_data::{step_data, NoiseLevels, StepData};
@@ -91,7 +92,7 @@ impl StepError {
 /// One rank's trainer.
 pub struct Trainer<'a> {
     run: RunConfig,
-    model: Flux,
+    model: Box<dyn DiffusionModel>,
     optimizer: AdamW,
     data: DataSource,
     /// Global samples consumed (the counter the next step starts at).
@@ -107,14 +108,18 @@ pub struct Trainer<'a> {
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
 /// `[training] seed` (identical on every rank before sharding), bf16 under `precision = "bf16"`,
 /// layer recomputation as `[training] recompute` says.
-pub fn build_model(run: &RunConfig, device: Device, tp: TpContext) -> Result<Flux, ConfigError> {
+pub fn build_model(
+    run: &RunConfig,
+    device: Device,
+    tp: TpContext,
+) -> Result<Box<dyn DiffusionModel>, ConfigError> {
     let t = &run.training;
     tch::manual_seed(t.seed as i64);
-    let mut model = Flux::new_parallel(&run.model, device, tp)?;
+    let mut model = run.model.build(device, tp)?;
     if t.precision == Precision::Bf16 {
-        model.store.vs.bfloat16();
+        model.store_mut().vs.bfloat16();
     }
-    model.transformer.set_recompute(t.recompute);
+    model.set_recompute(t.recompute);
     Ok(model)
 }
 
@@ -141,7 +146,7 @@ impl<'a> Trainer<'a> {
                 ),
             ));
         }
-        let p = run.model.patch_size;
+        let p = run.model.inputs().patch_size;
         if t.latent_height % p != 0 || t.latent_width % p != 0 {
             return Err(ConfigError::new(
                 "training.latent_height",
@@ -149,7 +154,7 @@ impl<'a> Trainer<'a> {
             ));
         }
         let model = build_model(run, device, tp)?;
-        let optimizer = AdamW::new(named_params(&model.store), &run.optimization);
+        let optimizer = AdamW::new(named_params(model.store()), &run.optimization);
         Ok(Self {
             run: run.clone(),
             model,
@@ -165,8 +170,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// The model.
-    pub fn model(&self) -> &Flux {
-        &self.model
+    pub fn model(&self) -> &dyn DiffusionModel {
+        self.model.as_ref()
     }
 
     /// Optimizer steps taken.
@@ -174,28 +179,20 @@ impl<'a> Trainer<'a> {
         self.step
     }
 
-    /// Image plus text tokens per sample.
+    /// Image plus text tokens per sample (text only for models that read it).
     pub fn tokens_per_sample(&self) -> u64 {
         let t = &self.run.training;
-        let p = self.run.model.patch_size;
-        ((t.latent_height / p) * (t.latent_width / p) + t.text_len) as u64
+        let inputs = self.run.model.inputs();
+        (inputs.image_tokens(t.latent_height, t.latent_width) + inputs.text_tokens(t.text_len))
+            as u64
     }
 
     fn loss_of(&self, d: &StepData, train: bool) -> tch::Tensor {
-        let kind = self.model.transformer.x_embedder.weight.kind();
-        let batch = &d.batch;
-        let cast = |t: &tch::Tensor| t.to_kind(kind);
-        let (img, txt, y) = (cast(&batch.img), cast(&batch.txt), cast(&batch.y));
-        let input = flux_model::FluxInput {
-            img: &img,
-            txt: &txt,
-            y: &y,
-            ..batch.as_input()
-        };
+        let batch = d.batch.to_kind(self.model.kind());
         let prediction = self
             .model
-            .forward_t(&input, train)
-            .expect("inputs are built from the config");
+            .forward(&batch, train)
+            .expect("inputs are built from the model's input spec");
         let target = self
             .run
             .training
@@ -229,7 +226,7 @@ impl<'a> Trainer<'a> {
             let levels = NoiseLevels::Sampled(&sampler, &self.scheduler);
             let d = step_data(
                 samples,
-                &self.run.model,
+                &self.run.model.inputs(),
                 &counters,
                 t.seed,
                 levels,
@@ -243,13 +240,13 @@ impl<'a> Trainer<'a> {
             loss.backward();
             local_loss += loss.double_value(&[]);
         }
-        self.model.store.finish_grads();
-        let params = self.model.store.vs.trainable_variables();
+        self.model.store().finish_grads();
+        let params = self.model.store().vs.trainable_variables();
         all_reduce_grads(&params, self.dp, 1.0);
         let mut loss = [local_loss as f32];
         self.dp.all_reduce_sum(&mut loss);
         let loss = loss[0] as f64;
-        let grad_norm = clip_grad_norm(&self.model.store, self.run.optimization.gradient_clip);
+        let grad_norm = clip_grad_norm(self.model.store(), self.run.optimization.gradient_clip);
         let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
         self.consecutive_skips = if skipped {
@@ -294,9 +291,9 @@ impl<'a> Trainer<'a> {
 
     /// Names of this rank's parameters whose gradient holds a NaN or an infinity.
     fn nonfinite_grads(&self) -> Vec<String> {
-        let vars = self.model.store.vs.variables();
+        let vars = self.model.store().vs.variables();
         self.model
-            .store
+            .store()
             .param_specs()
             .iter()
             .filter(|spec| {
@@ -319,7 +316,7 @@ impl<'a> Trainer<'a> {
                 let keys: Vec<u64> = (EVAL_BASE + first..EVAL_BASE + first + n).collect();
                 let d = step_data(
                     samples,
-                    &self.run.model,
+                    &self.run.model.inputs(),
                     &keys,
                     t.seed,
                     NoiseLevels::Equidistant,
@@ -349,11 +346,13 @@ impl<'a> Trainer<'a> {
     }
 
     /// Continue from a loaded checkpoint: this rank takes its shard of every logical tensor, at
-    /// whatever tensor-parallel size the checkpoint was written. Every tensor of the checkpoint
-    /// must be taken: fails naming a missing tensor, or listing those the model does not have.
+    /// whatever tensor-parallel size the checkpoint was written. The checkpoint must be of the
+    /// run's architecture (checked before any weight is touched) and every tensor of it must be
+    /// taken: fails naming both architectures, a missing tensor, or those the model lacks.
     pub fn restore(&mut self, checkpoint: &LoadedCheckpoint) -> Result<(), String> {
-        let rank = self.model.store.tp().rank();
-        let specs = self.model.store.param_specs().to_vec();
+        check_architecture(checkpoint, self.run.model.architecture())?;
+        let rank = self.model.store().tp().rank();
+        let specs = self.model.store().param_specs().to_vec();
         let group = |name: &str| -> Result<Vec<tch::Tensor>, String> {
             let tensors = checkpoint
                 .tensors

@@ -142,7 +142,7 @@ fn check_loaded(text: &str, overrides: &[String]) -> Result<(), TestCaseError> {
     };
     // What `flux-hpc info` and the trainer compute from any loaded config.
     let _ = run.model.num_params();
-    let _ = run.model.param_layout();
+    let _ = run.model.param_specs(run.parallelism.tensor_parallel_size);
     let saved = toml::to_string(&run).expect("a loaded config serialises");
     let again = RunConfig::parse(&saved, "config.toml", &[]);
     prop_assert!(again.is_ok(), "{:?}\n{}", again.err(), saved);

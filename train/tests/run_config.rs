@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use flux_model::FluxConfig;
+use flux_model::dit::DitConfig;
+use flux_model::{FluxConfig, ModelSpec};
 use flux_train::{RunConfig, RunConfigError};
 
 fn config_path(name: &str) -> PathBuf {
@@ -50,15 +51,15 @@ fn an_empty_config_or_model_table_is_an_error_not_the_12b_defaults() {
 #[test]
 fn shipped_configs_load_and_match_the_presets() {
     let c535 = RunConfig::load(&config_path("flux_535m.toml"), &[]).unwrap();
-    assert_eq!(c535.model, FluxConfig::flux_535m());
+    assert_eq!(c535.model, ModelSpec::new(FluxConfig::flux_535m()));
     assert_eq!(c535.model.num_params(), 535_318_336);
     let c12 = RunConfig::load(&config_path("flux_12b.toml"), &[]).unwrap();
     assert_eq!(
         c12.model,
-        FluxConfig {
+        ModelSpec::new(FluxConfig {
             guidance_embed: true,
             ..FluxConfig::flux_12b()
-        }
+        })
     );
     assert_eq!(c12.parallelism.tensor_parallel_size, 8);
     let tiny = RunConfig::load(&config_path("flux_tiny.toml"), &[]).unwrap();
@@ -69,11 +70,53 @@ fn shipped_configs_load_and_match_the_presets() {
 fn unknown_keys_are_rejected_with_their_name() {
     let err = parse_err("[model]\nhiden_size = 64\n", &[]);
     assert!(
-        err.starts_with("test.toml:") && err.contains("unknown field `hiden_size`"),
+        err.starts_with("test.toml:")
+            && err.contains("model.hiden_size: not a key of architecture \"flux\""),
         "{err}"
     );
     let err = parse_err("[modle]\n", &[]);
     assert!(err.contains("unknown field `modle`"), "{err}");
+}
+
+#[test]
+fn the_architecture_key_selects_the_model_and_foreign_keys_are_named() {
+    let dit = RunConfig::load(&config_path("dit_tiny.toml"), &[]).unwrap();
+    assert_eq!(dit.model.architecture(), "dit");
+    assert_eq!(dit.model.get::<DitConfig>().unwrap().depth, 4);
+    assert!(dit.model.inputs().text_dim.is_none());
+    // Saved and read back (what checkpoints store), the architecture is kept.
+    let again = RunConfig::parse(&toml::to_string(&dit).unwrap(), "saved.toml", &[]).unwrap();
+    assert_eq!(again, dit);
+
+    let err = parse_err("[model]\narchitecture = \"sd3\"\n", &[]);
+    assert!(
+        err.starts_with("test.toml:")
+            && err.contains("model.architecture: unknown architecture \"sd3\"")
+            && err.contains("\"dit\""),
+        "{err}"
+    );
+    // A Flux key under architecture = "dit", and a DiT key in a (default) Flux table.
+    let err = parse_err(
+        "[model]\narchitecture = \"dit\"\nnum_joint_layers = 2\n",
+        &[],
+    );
+    assert!(
+        err.contains("model.num_joint_layers: not a key of architecture \"dit\""),
+        "{err}"
+    );
+    let err = parse_err("[model]\ndepth = 2\n", &[]);
+    assert!(
+        err.contains("model.depth: not a key of architecture \"flux\""),
+        "{err}"
+    );
+    // An override switches the architecture like the file would.
+    let run = RunConfig::parse(
+        "[model]\nhidden_size = 64\n",
+        "test.toml",
+        &["model.architecture=dit".into()],
+    )
+    .unwrap();
+    assert_eq!(run.model.get::<DitConfig>().unwrap().hidden_size, 64);
 }
 
 #[test]
@@ -132,11 +175,9 @@ fn overrides_are_applied_and_checked_like_the_file() {
         ]),
     )
     .unwrap();
-    assert_eq!(
-        (config.model.hidden_size, config.model.num_attention_heads),
-        (512, 4)
-    );
-    assert!(config.model.guidance_embed);
+    let flux = config.model.get::<FluxConfig>().unwrap();
+    assert_eq!((flux.hidden_size, flux.num_attention_heads), (512, 4));
+    assert!(flux.guidance_embed);
 
     let err = parse_err("[model]\n", &["model.hidden_size=513"]);
     assert!(

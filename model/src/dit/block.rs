@@ -14,19 +14,19 @@ use crate::tp::Linear;
 #[derive(Debug)]
 pub struct DitBlock {
     /// adaLN-Zero modulation, two (shift, scale, gate) triples, zero-initialised: `[6D, D]`.
-    #[linear(in = config.widths.hidden_size, out = 6 * config.widths.hidden_size, init = zeros, name = "adaln.linear")]
+    #[linear(in = config.hidden_size, out = 6 * config.hidden_size, init = zeros, name = "adaln.linear")]
     pub adaln: Linear,
     /// Fused `[q; k; v]` projection, split by heads.
-    #[linear(in = config.widths.hidden_size, shard = column,
-             parts = [q = config.widths.hidden_size, k = config.widths.hidden_size, v = config.widths.hidden_size])]
+    #[linear(in = config.hidden_size, shard = column,
+             parts = [q = config.hidden_size, k = config.hidden_size, v = config.hidden_size])]
     pub linear_qkv: Linear,
     /// Attention output projection.
-    #[linear(in = config.widths.hidden_size, out = config.widths.hidden_size, shard = row)]
+    #[linear(in = config.hidden_size, out = config.hidden_size, shard = row)]
     pub linear_proj: Linear,
     /// Feed-forward branch.
-    #[module(config = MlpDims { dim: config.widths.hidden_size, hidden: config.widths.mlp_hidden() })]
+    #[module(config = MlpDims { dim: config.hidden_size, hidden: config.widths().mlp_hidden() })]
     pub mlp: Mlp,
-    #[value(config.widths.head_dim())]
+    #[value(config.widths().head_dim())]
     head_dim: i64,
     #[value(config.layernorm_epsilon)]
     eps: f64,

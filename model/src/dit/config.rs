@@ -1,84 +1,85 @@
-//! `DitConfig`: the shape of a DiT (Peebles & Xie) and its training objective.
+//! `DitConfig`: the shape of a DiT (Peebles & Xie) with vector conditioning, as the `[model]`
+//! table of a run config with `architecture = "dit"`.
 
-use crate::{ConfigError, FluxConfig, Widths};
+use serde::{Deserialize, Serialize};
 
-/// What a DiT is trained to predict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Objective {
-    /// The added noise `ε`.
-    Epsilon,
-    /// The velocity `v = √ᾱ·ε − √(1−ᾱ)·x₀`.
-    V,
-}
+use crate::widths::{positive_width, MAX_LAYERS};
+use crate::{ConfigError, Widths};
 
-impl Objective {
-    /// The regression target for clean `x0`, `noise` and `alpha_bar` (broadcastable, in `(0, 1]`).
-    pub fn target(
-        &self,
-        x0: &tch::Tensor,
-        noise: &tch::Tensor,
-        alpha_bar: &tch::Tensor,
-    ) -> tch::Tensor {
-        match self {
-            Self::Epsilon => noise.shallow_clone(),
-            Self::V => alpha_bar.sqrt() * noise - (alpha_bar.ones_like() - alpha_bar).sqrt() * x0,
-        }
-    }
-}
-
-/// Hyper-parameters of a DiT with vector conditioning.
-#[derive(Debug, Clone, PartialEq)]
+/// Hyper-parameters of a DiT with vector conditioning. Defaults are DiT-XL/2's shape (28 blocks,
+/// hidden 1152, 16 heads, patch 2 over 4 latent channels) conditioned on a CLIP-L pooled vector.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct DitConfig {
     /// Number of DiT blocks.
     pub depth: usize,
-    /// Width, heads, MLP ratio, latent channels and patch side.
-    pub widths: Widths,
-    /// Width of the conditioning vector (a pooled text embedding or class embedding table row).
+    /// Model width `D`.
+    pub hidden_size: i64,
+    /// Attention heads `H`.
+    pub num_attention_heads: i64,
+    /// MLP width as a multiple of `D`.
+    pub mlp_ratio: f64,
+    /// Latent channels `C` of the `[B, C, H, W]` input.
+    pub in_channels: i64,
+    /// Side of the square patch folded into one token.
+    pub patch_size: i64,
+    /// Width of the conditioning vector (a pooled text embedding).
     pub cond_dim: i64,
     /// Width of the sinusoidal timestep features.
     pub frequency_embedding_size: i64,
     /// LayerNorm epsilon.
     pub layernorm_epsilon: f64,
-    /// Training target.
-    pub objective: Objective,
+}
+
+impl Default for DitConfig {
+    fn default() -> Self {
+        Self {
+            depth: 28,
+            hidden_size: 1152,
+            num_attention_heads: 16,
+            mlp_ratio: 4.0,
+            in_channels: 4,
+            patch_size: 2,
+            cond_dim: 768,
+            frequency_embedding_size: 256,
+            layernorm_epsilon: 1e-6,
+        }
+    }
 }
 
 impl DitConfig {
-    /// A DiT as wide as a Flux config, with as many blocks as its joint and single layers.
-    pub fn from_flux(flux: &FluxConfig, objective: Objective) -> Self {
-        Self {
-            depth: flux.num_layers(),
-            widths: flux.widths(),
-            cond_dim: flux.vec_in_dim,
-            frequency_embedding_size: flux.model_channels,
-            layernorm_epsilon: flux.layernorm_epsilon,
-            objective,
+    /// Width, heads, MLP ratio, latent channels and patch side.
+    pub fn widths(&self) -> Widths {
+        Widths {
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            mlp_ratio: self.mlp_ratio,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
         }
     }
 
     /// Check the shape rules; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let Widths {
-            hidden_size,
-            num_attention_heads,
-            ..
-        } = self.widths;
-        let bad = |field: &str, message: String| Err(ConfigError::new(field, message));
-        if self.depth == 0 {
-            return bad("depth", "must be at least 1".into());
-        }
-        if num_attention_heads <= 0 || hidden_size % num_attention_heads != 0 {
-            return bad(
-                "num_attention_heads",
-                format!("must divide hidden_size {hidden_size}"),
-            );
-        }
-        if hidden_size % 4 != 0 {
-            return bad(
-                "hidden_size",
-                format!("2D sin-cos positions need a multiple of 4, got {hidden_size}"),
-            );
-        }
-        Ok(())
+        ConfigError::check((1..=MAX_LAYERS).contains(&self.depth), "depth", || {
+            format!("must be in 1..={MAX_LAYERS}, got {}", self.depth)
+        })?;
+        self.widths().validate()?;
+        ConfigError::check(self.hidden_size % 4 == 0, "hidden_size", || {
+            format!(
+                "2D sin-cos positions need a multiple of 4, got {}",
+                self.hidden_size
+            )
+        })?;
+        positive_width("cond_dim", self.cond_dim)?;
+        positive_width("frequency_embedding_size", self.frequency_embedding_size)?;
+        ConfigError::check(
+            self.frequency_embedding_size % 2 == 0,
+            "frequency_embedding_size",
+            || format!("must be even, got {}", self.frequency_embedding_size),
+        )?;
+        ConfigError::check(self.layernorm_epsilon > 0.0, "layernorm_epsilon", || {
+            format!("must be positive, got {}", self.layernorm_epsilon)
+        })
     }
 }

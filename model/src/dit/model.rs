@@ -1,6 +1,8 @@
 //! The DiT model: patch embedding plus fixed 2D positions, timestep and vector conditioning,
 //! adaLN-Zero blocks, and a zero-initialised output layer.
 
+use std::cell::Cell;
+
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
@@ -8,6 +10,7 @@ use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::adaln_continuous;
 use crate::patchify::{patchify, unpatchify};
+use crate::recompute::recompute;
 use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
 use crate::ConfigError;
 
@@ -16,42 +19,68 @@ use crate::ConfigError;
 #[derive(Debug)]
 pub struct DitTransformer {
     /// Patch embedding `C·p²` → `D` (a `p×p`-stride convolution written as a linear on patches).
-    #[linear(in = config.widths.token_channels(), out = config.widths.hidden_size)]
+    #[linear(in = config.widths().token_channels(), out = config.hidden_size)]
     pub x_embedder: Linear,
     /// Timestep sinusoids → `D`.
-    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.widths.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.hidden_size })]
     pub t_embedder: TimeStepEmbedder,
     /// Conditioning vector → `D`.
-    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.widths.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.hidden_size })]
     pub y_embedder: MlpEmbedder,
     /// The blocks.
     #[layers(count = config.depth, name = "blocks")]
     pub blocks: Vec<DitBlock>,
     /// Output modulation `[shift; scale]`, zero-initialised.
-    #[linear(in = config.widths.hidden_size, out = 2 * config.widths.hidden_size, init = zeros, name = "final_layer.adaln.linear")]
+    #[linear(in = config.hidden_size, out = 2 * config.hidden_size, init = zeros, name = "final_layer.adaln.linear")]
     pub final_adaln: Linear,
     /// Output projection to `C·p²`, zero-initialised.
-    #[linear(in = config.widths.hidden_size, out = config.widths.token_channels(), init = zeros, name = "final_layer.linear")]
+    #[linear(in = config.hidden_size, out = config.widths().token_channels(), init = zeros, name = "final_layer.linear")]
     pub final_linear: Linear,
     #[value(config.clone())]
     config: DitConfig,
+    /// Recompute each block's activations in the backward pass (training only).
+    #[value(Cell::new(false))]
+    recompute: Cell<bool>,
 }
 
 impl DitTransformer {
-    /// `x [B, C, H, W]`, `t [B]` in `[0, 1]` (DDPM step / 1000), `y [B, cond_dim]` → the
-    /// objective's prediction `[B, C, H, W]`.
+    /// The configuration.
+    pub fn config(&self) -> &DitConfig {
+        &self.config
+    }
+
+    /// Recompute each block's activations in the backward pass instead of keeping them
+    /// (training forward passes only).
+    pub fn set_recompute(&self, on: bool) {
+        self.recompute.set(on);
+    }
+
+    /// `x [B, C, H, W]`, `t [B]` in `[0, 1]` (the noise level), `y [B, cond_dim]` → the
+    /// prediction `[B, C, H, W]` (inference).
     pub fn forward(&self, x: &Tensor, t: &Tensor, y: &Tensor) -> Tensor {
-        let (p, d) = (
-            self.config.widths.patch_size,
-            self.config.widths.hidden_size,
-        );
+        self.forward_t(x, t, y, false)
+    }
+
+    /// As [`DitTransformer::forward`]; `train` turns on block recomputation when it is set.
+    pub fn forward_t(&self, x: &Tensor, t: &Tensor, y: &Tensor, train: bool) -> Tensor {
+        let (p, d) = (self.config.patch_size, self.config.hidden_size);
         let (_, _, h, w) = x.size4().expect("x must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
         let mut tokens =
             self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device());
         let c = self.t_embedder.forward(t) + self.y_embedder.forward(y);
+        let recomputing = train && self.recompute.get();
         for block in &self.blocks {
-            tokens = block.forward(&tokens, &c);
+            tokens = if recomputing {
+                let block = block as *const DitBlock;
+                let out = recompute(&[&tokens, &c], 1, move |x| {
+                    // SAFETY: the model outlives the backward pass of any graph it built.
+                    vec![unsafe { &*block }.forward(&x[0], &x[1])]
+                });
+                out.into_iter().next().expect("one output")
+            } else {
+                block.forward(&tokens, &c)
+            };
         }
         let out = adaln_continuous(
             &self.final_adaln,
@@ -81,8 +110,8 @@ impl Dit {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         check_tp_size(
-            config.widths.num_attention_heads,
-            config.widths.mlp_hidden(),
+            config.num_attention_heads,
+            config.widths().mlp_hidden(),
             tp.size(),
         )?;
         let specs = DitTransformer::param_specs("", config, tp.size() as i64);

@@ -40,6 +40,29 @@ pub struct CollectiveCounts {
     pub grad_sync: u64,
 }
 
+impl CollectiveCounts {
+    /// The all-reduces one forward and one backward pass over a model laid out as `specs` issue
+    /// on a group of more than one rank: one per row-parallel weight forward (its partial
+    /// outputs), one per column-parallel weight backward (its input's partial gradients), and one
+    /// bucket of partial gradients when any parameter's gradient is summed over the group.
+    pub fn expected(specs: &[ParamSpec]) -> Self {
+        let weights = |dim| {
+            specs
+                .iter()
+                .filter(|s| s.shape.len() == 2 && s.split_dim == Some(dim))
+                .count() as u64
+        };
+        Self {
+            forward: weights(1),
+            backward: weights(0),
+            grad_sync: specs
+                .iter()
+                .any(|s| s.grad_sync == crate::tp::GradSync::SumOverGroup)
+                .into(),
+        }
+    }
+}
+
 struct Group {
     comm: Box<dyn Collective>,
     counts: Cell<CollectiveCounts>,

@@ -56,15 +56,6 @@ pub struct FluxTransformer {
     recompute: Cell<bool>,
 }
 
-/// [`recompute`] with a closure.
-fn recompute_block(
-    inputs: &[&Tensor],
-    n_out: usize,
-    block: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static,
-) -> Vec<Tensor> {
-    recompute(inputs, n_out, Box::new(block))
-}
-
 impl FluxTransformer {
     /// Recompute each layer's activations in the backward pass instead of keeping them
     /// (training forward passes only; layers must be deterministic, i.e. no dropout).
@@ -88,11 +79,11 @@ impl FluxTransformer {
             .pe_embedder
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
-        let recompute = train && self.recompute.get();
+        let recomputing = train && self.recompute.get();
         for layer in &self.joint_layers {
-            (img, txt) = if recompute {
+            (img, txt) = if recomputing {
                 let (block, rope) = (layer as *const DoubleBlock, rope.clone());
-                let out = recompute_block(&[&img, &txt, &vec], 2, move |x| {
+                let out = recompute(&[&img, &txt, &vec], 2, move |x| {
                     // SAFETY: the model outlives the backward pass of any graph it built.
                     let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &rope, true);
                     vec![img, txt]
@@ -106,9 +97,9 @@ impl FluxTransformer {
         let text_len = txt.size()[1];
         let mut x = Tensor::cat(&[txt, img], 1);
         for layer in &self.single_layers {
-            x = if recompute {
+            x = if recomputing {
                 let (block, rope) = (layer as *const SingleBlock, rope.clone());
-                let out = recompute_block(&[&x, &vec], 1, move |x| {
+                let out = recompute(&[&x, &vec], 1, move |x| {
                     // SAFETY: the model outlives the backward pass of any graph it built.
                     vec![unsafe { &*block }.forward(&x[0], &x[1], &rope, true)]
                 });

@@ -3,14 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::tp::ParamSpec;
-use crate::FluxTransformer;
+use crate::widths::{positive_width, MAX_LAYERS};
 use crate::Widths;
-
-/// Largest accepted width (`hidden_size`, `context_dim`, …): 64 Ki, far above any real model.
-const MAX_WIDTH: i64 = 1 << 16;
-
-/// Largest accepted number of joint or of single layers.
-const MAX_LAYERS: usize = 1024;
+use crate::{ConfigError, FluxTransformer};
 
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
 ///
@@ -88,43 +83,6 @@ impl Default for FluxConfig {
     }
 }
 
-/// A config value that breaks a rule; `field` is the dotted key as written in TOML.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct ConfigError {
-    /// The offending key, e.g. `model.num_attention_heads`.
-    pub field: String,
-    /// What is wrong and what would be accepted.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// An error for `field` (prefixed with its table by the caller via [`ConfigError::within`]).
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-
-    /// `Ok` when `ok`, else an error for `field` with the message `message` makes.
-    pub fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), Self> {
-        if ok {
-            Ok(())
-        } else {
-            Err(Self::new(field, message()))
-        }
-    }
-
-    /// The same error with `table.` prepended to the field name.
-    pub fn within(self, table: &str) -> Self {
-        Self {
-            field: format!("{table}.{}", self.field),
-            ..self
-        }
-    }
-}
-
 impl FluxConfig {
     /// FLUX.1 at full width with 1 joint + 1 single layer: 535,318,336 parameters without guidance.
     pub fn flux_535m() -> Self {
@@ -179,37 +137,13 @@ impl FluxConfig {
         ConfigError::check(self.num_single_layers > 0, "num_single_layers", || {
             "must be at least 1".into()
         })?;
-        ConfigError::check(self.hidden_size > 0, "hidden_size", || {
-            format!("must be positive, got {}", self.hidden_size)
-        })?;
-        ConfigError::check(self.num_attention_heads > 0, "num_attention_heads", || {
-            format!("must be positive, got {}", self.num_attention_heads)
-        })?;
-        ConfigError::check(
-            self.hidden_size % self.num_attention_heads == 0,
-            "num_attention_heads",
-            || {
-                format!(
-                    "{} heads do not divide hidden_size {}",
-                    self.num_attention_heads, self.hidden_size
-                )
-            },
-        )?;
+        self.widths().validate()?;
         for (field, value) in [
-            ("hidden_size", self.hidden_size),
-            ("in_channels", self.in_channels),
-            ("patch_size", self.patch_size),
             ("context_dim", self.context_dim),
             ("vec_in_dim", self.vec_in_dim),
             ("model_channels", self.model_channels),
         ] {
-            ConfigError::check(value > 0, field, || {
-                format!("must be positive, got {value}")
-            })?;
-            // Far above any real model; keeps every size product (parameter counts) in range.
-            ConfigError::check(value <= MAX_WIDTH, field, || {
-                format!("must be at most {MAX_WIDTH}, got {value}")
-            })?;
+            positive_width(field, value)?;
         }
         for (field, value) in [
             ("num_joint_layers", self.num_joint_layers),
@@ -227,14 +161,6 @@ impl FluxConfig {
                     "must be a positive even number, got {}",
                     self.model_channels
                 )
-            },
-        )?;
-        let mlp = self.hidden_size as f64 * self.mlp_ratio;
-        ConfigError::check(
-            self.mlp_ratio > 0.0 && self.mlp_ratio <= 64.0 && mlp.fract() == 0.0,
-            "mlp_ratio",
-            || {
-                format!("mlp_ratio must be in (0, 64] with mlp_ratio × hidden_size an integer, got {mlp}")
             },
         )?;
         ConfigError::check(self.theta > 0.0, "theta", || {

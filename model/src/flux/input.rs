@@ -2,8 +2,9 @@
 
 use tch::{Device, Kind, Tensor};
 
+use crate::architecture::expect_shape;
 use crate::embeddings::{text_position_ids, token_grid_ids};
-use crate::FluxConfig;
+use crate::{FluxConfig, InputError};
 
 /// The inputs of `Flux::forward`, named as in the reference API.
 #[derive(Debug, Clone, Copy)]
@@ -22,35 +23,6 @@ pub struct FluxInput<'a> {
     pub txt_ids: &'a Tensor,
     /// Guidance strength `[B]`; required exactly when the config has `guidance_embed`.
     pub guidance: Option<&'a Tensor>,
-}
-
-/// A forward-pass argument whose shape does not fit the model.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("Flux input `{argument}`: expected {expected}, got {got}")]
-pub struct InputError {
-    /// The argument's name, as in [`FluxInput`].
-    pub argument: &'static str,
-    /// The shape rule.
-    pub expected: String,
-    /// What was passed.
-    pub got: String,
-}
-
-fn expect_shape(
-    argument: &'static str,
-    tensor: &Tensor,
-    expected: &[i64],
-) -> Result<(), InputError> {
-    let size = tensor.size();
-    if size == expected {
-        Ok(())
-    } else {
-        Err(InputError {
-            argument,
-            expected: format!("shape {expected:?}"),
-            got: format!("shape {size:?}"),
-        })
-    }
 }
 
 impl FluxInput<'_> {

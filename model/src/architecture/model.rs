@@ -1,0 +1,95 @@
+//! The two traits that make the model a parameter of the rest of flux-hpc: [`ModelConfig`], what
+//! an architecture's `[model]` table implements, and [`DiffusionModel`], what it builds.
+
+use std::fmt::Debug;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::architecture::{DiffusionBatch, InputError, InputSpec};
+use crate::flops::{Attention, ForwardFlops, Rows};
+use crate::tp::{ParamSpec, ShardedStore, TpContext};
+use crate::ConfigError;
+
+/// One rank's built model, whatever its architecture: its parameters and its forward pass.
+pub trait DiffusionModel: Debug {
+    /// This rank's parameters (local shards), their specs and the tensor-parallel group.
+    fn store(&self) -> &ShardedStore;
+
+    /// As [`DiffusionModel::store`], to load or cast weights.
+    fn store_mut(&mut self) -> &mut ShardedStore;
+
+    /// The model's prediction `[B, C, H, W]` (the latents' shape) for `batch`; `train` enables
+    /// dropout and layer recomputation. Fails naming the argument that does not fit.
+    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError>;
+
+    /// Recompute each layer's activations in the backward pass instead of keeping them (training
+    /// forward passes only).
+    fn set_recompute(&self, on: bool);
+
+    /// The dtype of the weights, which inputs are cast to.
+    fn kind(&self) -> Kind {
+        self.store()
+            .vs
+            .trainable_variables()
+            .first()
+            .map_or(Kind::Float, Tensor::kind)
+    }
+}
+
+/// The `[model]` table of one architecture: everything the trainer, sampler, checkpoints,
+/// `check-parallel`, `bench` and `info` need to know about a model, computed from its config
+/// without allocating weights. Registering the type in [`crate::architecture::ARCHITECTURES`]
+/// makes `[model] architecture = NAME` select it.
+pub trait ModelConfig:
+    Serialize + DeserializeOwned + Clone + PartialEq + Debug + Send + Sync + 'static
+{
+    /// The name `[model] architecture` selects it by.
+    const NAME: &'static str;
+
+    /// A one-line description for `--help` and errors.
+    const ABOUT: &'static str;
+
+    /// Check every rule; the error names the field as written in `[model]`.
+    fn validate(&self) -> Result<(), ConfigError>;
+
+    /// Whether a tensor-parallel group of `tp` ranks can split the model; the error names
+    /// `tensor_parallel_size` and the sizes it must divide.
+    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError>;
+
+    /// The inputs the model takes.
+    fn inputs(&self) -> InputSpec;
+
+    /// Every parameter's logical name, shape and split for a group of `tp_size` ranks.
+    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec>;
+
+    /// Every weight matrix as `(in · out, rows it is applied to)`, each 2-D parameter once.
+    fn weight_matrices(&self) -> Vec<(f64, Rows)>;
+
+    /// The attention layers, for the FLOPs count.
+    fn attention(&self) -> Attention;
+
+    /// Whether training draws dropout masks (which layer recomputation cannot replay).
+    fn uses_dropout(&self) -> bool {
+        false
+    }
+
+    /// `(label, value)` lines describing the shape, for `flux-hpc info`.
+    fn summary(&self) -> Vec<(&'static str, String)>;
+
+    /// This rank's shards of the model for the tensor-parallel group `tp`, on `device` in f32,
+    /// initialised from libtorch's global generator (the same weights for every group size).
+    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError>;
+}
+
+/// Forward FLOPs of `config`'s model on `batch` samples of `img` image and `txt` text tokens.
+pub fn forward_flops<C: ModelConfig>(config: &C, batch: i64, img: i64, txt: i64) -> ForwardFlops {
+    ForwardFlops::of(
+        &config.weight_matrices(),
+        config.attention(),
+        batch,
+        img,
+        txt,
+    )
+}

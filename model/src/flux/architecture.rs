@@ -1,0 +1,119 @@
+//! FLUX.1 as an architecture: what its config tells the rest of flux-hpc, and its forward pass on
+//! a model-agnostic batch.
+
+use tch::{Device, Tensor};
+
+use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::embeddings::{text_position_ids, token_grid_ids};
+use crate::flops::{Attention, Rows};
+use crate::flux::flops;
+use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
+use crate::{ConfigError, Flux, FluxConfig, FluxInput, FluxTransformer};
+
+impl ModelConfig for FluxConfig {
+    const NAME: &'static str = "flux";
+    const ABOUT: &'static str = "FLUX.1 MMDiT, joint and single layers";
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        FluxConfig::validate(self)
+    }
+
+    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
+        check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
+    }
+
+    fn inputs(&self) -> InputSpec {
+        InputSpec {
+            latent_channels: self.in_channels,
+            patch_size: self.patch_size,
+            text_dim: Some(self.context_dim),
+            pooled_dim: Some(self.vec_in_dim),
+            guidance: self.guidance_embed.then_some(self.guidance_scale),
+        }
+    }
+
+    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
+        FluxTransformer::param_specs("", self, tp_size)
+    }
+
+    fn weight_matrices(&self) -> Vec<(f64, Rows)> {
+        flops::weight_matrices(self)
+    }
+
+    fn attention(&self) -> Attention {
+        flops::attention(self)
+    }
+
+    fn uses_dropout(&self) -> bool {
+        self.hidden_dropout > 0.0 || self.attention_dropout > 0.0
+    }
+
+    fn summary(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "layers",
+                format!(
+                    "{} joint + {} single",
+                    self.num_joint_layers, self.num_single_layers
+                ),
+            ),
+            (
+                "width",
+                format!(
+                    "hidden {} = {} heads × {}",
+                    self.hidden_size,
+                    self.num_attention_heads,
+                    self.head_dim()
+                ),
+            ),
+            (
+                "conditioning",
+                format!(
+                    "text {} · pooled {} · guidance {}",
+                    self.context_dim, self.vec_in_dim, self.guidance_embed
+                ),
+            ),
+        ]
+    }
+
+    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        Ok(Box::new(Flux::new_parallel(self, device, tp)?))
+    }
+}
+
+impl DiffusionModel for Flux {
+    fn store(&self) -> &ShardedStore {
+        &self.store
+    }
+
+    fn store_mut(&mut self) -> &mut ShardedStore {
+        &mut self.store
+    }
+
+    /// Image positions from the latent grid, text positions zero (FLUX.1).
+    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        let config = self.config();
+        let (rows, cols) = config.inputs().check(batch)?;
+        let (text, pooled) = match (&batch.text, &batch.pooled) {
+            (Some(text), Some(pooled)) => (text, pooled),
+            _ => unreachable!("InputSpec::check requires both"),
+        };
+        let (b, device) = (batch.latents.size()[0], batch.latents.device());
+        let img_ids = token_grid_ids(b, rows, cols, device);
+        let txt_ids = text_position_ids(b, text.size()[1], device);
+        let input = FluxInput {
+            img: &batch.latents,
+            txt: text,
+            y: pooled,
+            timesteps: &batch.timesteps,
+            img_ids: &img_ids,
+            txt_ids: &txt_ids,
+            guidance: batch.guidance.as_ref(),
+        };
+        self.transformer.forward(&input, train)
+    }
+
+    fn set_recompute(&self, on: bool) {
+        self.transformer.set_recompute(on);
+    }
+}

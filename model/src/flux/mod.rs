@@ -1,0 +1,12 @@
+//! FLUX.1 (Black Forest Labs; Primus' Megatron-Core Flux): the MMDiT with joint and single
+//! layers, 3-axis RoPE, guidance embedding. `architecture = "flux"`, the default.
+
+mod architecture;
+mod config;
+pub mod flops;
+mod input;
+mod model;
+
+pub use config::FluxConfig;
+pub use input::{FluxBatch, FluxInput};
+pub use model::{Flux, FluxTransformer};
