@@ -5,7 +5,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::mkfifo;
-use flux_data::checkpoint::{self, CheckpointLayout, CheckpointWriter, TrainingState};
+use flux_data::checkpoint::{
+    self, CheckpointLayout, CheckpointWriter, OptimizerState, TrainingState,
+};
 use flux_data::DataError;
 use flux_model::tp::{parts, LinearDecl, LinearInit, ParamSpec, Shard, SingleRank, TpContext};
 use tch::{Device, Kind, Tensor};
@@ -32,16 +34,20 @@ fn specs(tp: i64) -> Vec<ParamSpec> {
 
 fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
     let zeros = || tensors.iter().map(Tensor::zeros_like).collect::<Vec<_>>();
-    let (avg, avg_sq) = (zeros(), zeros());
+    let (exp_avg, exp_avg_sq) = (zeros(), zeros());
     TrainingState {
         step,
-        optimizer_step: step,
         config: "[model]\n".into(),
         data: flux_data::dataset::DataPosition {
             epoch: 1,
             index: step,
         },
-        groups: [tensors, avg, avg_sq],
+        optimizer: OptimizerState {
+            step,
+            params: tensors,
+            exp_avg,
+            exp_avg_sq,
+        },
     }
 }
 

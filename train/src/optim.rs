@@ -1,6 +1,7 @@
 //! AdamW with f32 master weights, the learning-rate schedule, and global-norm gradient clipping
 //! that is correct across tensor-parallel shards.
 
+use flux_data::checkpoint::OptimizerState;
 use flux_model::tp::{ParamSpec, ShardedStore};
 use tch::{Kind, Tensor};
 
@@ -80,24 +81,33 @@ impl AdamW {
 
     /// The f32 master weights and both moments, one tensor each per parameter, and the step
     /// counter (what a checkpoint saves).
-    pub fn state(&self) -> (u64, [Vec<Tensor>; 3]) {
+    pub fn state(&self) -> OptimizerState {
         let take =
             |f: fn(&Slot) -> &Tensor| self.slots.iter().map(|s| f(s).shallow_clone()).collect();
-        (
-            self.step as u64,
-            [
-                take(|s| &s.master),
-                take(|s| &s.exp_avg),
-                take(|s| &s.exp_avg_sq),
-            ],
-        )
+        OptimizerState {
+            step: self.step as u64,
+            params: take(|s| &s.master),
+            exp_avg: take(|s| &s.exp_avg),
+            exp_avg_sq: take(|s| &s.exp_avg_sq),
+        }
     }
 
     /// Restore master weights (also copied into the model's parameters), moments and step counter.
-    pub fn load_state(&mut self, step: u64, groups: [Vec<Tensor>; 3]) {
-        let [masters, avg, avg_sq] = groups;
+    pub fn load_state(&mut self, state: OptimizerState) {
+        let OptimizerState {
+            step,
+            params,
+            exp_avg,
+            exp_avg_sq,
+        } = state;
         tch::no_grad(|| {
-            for (((s, w), m), v) in self.slots.iter_mut().zip(masters).zip(avg).zip(avg_sq) {
+            for (((s, w), m), v) in self
+                .slots
+                .iter_mut()
+                .zip(params)
+                .zip(exp_avg)
+                .zip(exp_avg_sq)
+            {
                 s.master.copy_(&w);
                 s.param.copy_(&w);
                 s.exp_avg.copy_(&m);

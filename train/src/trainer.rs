@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use flux_data::checkpoint::{self, LoadedCheckpoint, TrainingState};
+use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::tp::{all_reduce_grads, Collective, TpContext};
@@ -335,13 +335,11 @@ impl<'a> Trainer<'a> {
 
     /// This rank's part of a checkpoint: master weights and AdamW moments (local shards).
     pub fn checkpoint_state(&self) -> TrainingState {
-        let (optimizer_step, groups) = self.optimizer.state();
         TrainingState {
             step: self.step,
-            optimizer_step,
             config: toml::to_string(&self.run).expect("configs serialise"),
             data: self.data.position(self.consumed),
-            groups,
+            optimizer: self.optimizer.state(),
         }
     }
 
@@ -408,9 +406,13 @@ impl<'a> Trainer<'a> {
             true => group(name),
             false => Ok(params.iter().map(tch::Tensor::zeros_like).collect()),
         };
-        let (avg, avg_sq) = (moments("exp_avg")?, moments("exp_avg_sq")?);
-        let groups = [params, avg, avg_sq];
-        self.optimizer.load_state(checkpoint.optimizer_step, groups);
+        let (exp_avg, exp_avg_sq) = (moments("exp_avg")?, moments("exp_avg_sq")?);
+        self.optimizer.load_state(OptimizerState {
+            step: checkpoint.optimizer_step,
+            params,
+            exp_avg,
+            exp_avg_sq,
+        });
         self.step = checkpoint.step;
         self.consumed = self.data.counter(checkpoint.data);
         Ok(())

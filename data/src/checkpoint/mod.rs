@@ -42,18 +42,50 @@ pub enum CheckpointLayout {
     Unified,
 }
 
-/// What a rank contributes to a checkpoint: local shards in spec order, per group of [`GROUPS`].
+/// AdamW's state on one rank: one local tensor per parameter spec, in spec order, in each group.
+pub struct OptimizerState {
+    /// AdamW's step counter (bias correction).
+    pub step: u64,
+    /// f32 master weights (group `params`).
+    pub params: Vec<Tensor>,
+    /// First moments (group `exp_avg`).
+    pub exp_avg: Vec<Tensor>,
+    /// Second moments (group `exp_avg_sq`).
+    pub exp_avg_sq: Vec<Tensor>,
+}
+
+impl OptimizerState {
+    /// The groups as stored, named as in [`GROUPS`] and in that order.
+    pub fn groups(&self) -> [(&'static str, &[Tensor]); 3] {
+        [
+            (GROUPS[0], &self.params),
+            (GROUPS[1], &self.exp_avg),
+            (GROUPS[2], &self.exp_avg_sq),
+        ]
+    }
+
+    /// The same state with every group's tensors mapped by `f(spec index, tensor)`.
+    fn map(&self, f: impl Fn(usize, &Tensor) -> Tensor) -> Self {
+        let each = |group: &[Tensor]| group.iter().enumerate().map(|(i, t)| f(i, t)).collect();
+        Self {
+            step: self.step,
+            params: each(&self.params),
+            exp_avg: each(&self.exp_avg),
+            exp_avg_sq: each(&self.exp_avg_sq),
+        }
+    }
+}
+
+/// What a rank contributes to a checkpoint.
 pub struct TrainingState {
     /// Optimizer steps taken by the trainer.
     pub step: u64,
-    /// AdamW's step counter (bias correction).
-    pub optimizer_step: u64,
     /// The run config as TOML.
     pub config: String,
     /// Where the data reader is (restored so no sample is repeated or skipped).
     pub data: DataPosition,
-    /// `[params, exp_avg, exp_avg_sq]`, each one local tensor per spec.
-    pub groups: [Vec<Tensor>; 3],
+    /// Master weights and moments: local shards in spec order.
+    pub optimizer: OptimizerState,
 }
 
 /// A loaded checkpoint: logical tensors by group and name.
@@ -145,14 +177,14 @@ fn write_file(
 ) -> Result<(), DataError> {
     let header = Header {
         step: state.step,
-        optimizer_step: state.optimizer_step,
+        optimizer_step: state.optimizer.step,
         tp_rank,
         tp_size,
         config: &state.config,
         data: state.data,
     };
     write_h5(path, &header, |file, tmp| {
-        for (group, tensors) in GROUPS.iter().zip(&state.groups) {
+        for (group, tensors) in state.optimizer.groups() {
             let g = file.create_group(group).map_err(h5err(tmp, group))?;
             for (spec, t) in specs.iter().zip(tensors) {
                 h5::write_tensor(&g, spec, t, tmp)?;
@@ -276,10 +308,7 @@ impl CheckpointWriter<'_> {
             }
             CheckpointLayout::Sharded => Ok(()),
             CheckpointLayout::Unified => {
-                let groups = state
-                    .groups
-                    .each_ref()
-                    .map(|g| specs.iter().zip(g).map(|(s, t)| tp.gather(s, t)).collect());
+                let optimizer = state.optimizer.map(|i, t| tp.gather(&specs[i], t));
                 let logical: Vec<ParamSpec> = specs
                     .iter()
                     .map(|s| ParamSpec {
@@ -288,7 +317,7 @@ impl CheckpointWriter<'_> {
                     })
                     .collect();
                 let unified = TrainingState {
-                    groups,
+                    optimizer,
                     config: state.config.clone(),
                     ..*state
                 };
