@@ -117,7 +117,7 @@ impl Dit {
         let specs = DitTransformer::param_specs("", config, tp.size() as i64);
         let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
             DitTransformer::new(root, config, tp)
-        });
+        })?;
         Ok(Self { store, transformer })
     }
 }

@@ -146,7 +146,7 @@ impl Flux {
         let specs = FluxTransformer::param_specs("", config, tp.size() as i64);
         let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
             FluxTransformer::new(root, config, tp)
-        });
+        })?;
         Ok(Self { store, transformer })
     }
 

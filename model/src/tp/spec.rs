@@ -2,6 +2,8 @@
 
 use tch::Tensor;
 
+use crate::ConfigError;
+
 /// How a parameter is laid out over a tensor-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shard {
@@ -68,7 +70,33 @@ impl ParamSpec {
         }
     }
 
-    /// The shape one rank holds.
+    /// Check that every part of the split dimension divides evenly over the group; the error
+    /// (field `tensor_parallel_size`) names the parameter, the part and the sizes.
+    pub fn check_divisible(&self) -> Result<(), ConfigError> {
+        let Some(dim) = self.split_dim else {
+            return Ok(());
+        };
+        let named: Vec<(String, i64)> = match self.parts.as_slice() {
+            [] => vec![(format!("dimension {dim}"), self.shape[dim])],
+            parts => parts
+                .iter()
+                .map(|(name, size)| (format!("part `{name}`"), *size))
+                .collect(),
+        };
+        match named.iter().find(|(_, size)| size % self.tp_size != 0) {
+            None => Ok(()),
+            Some((part, size)) => Err(ConfigError::new(
+                "tensor_parallel_size",
+                format!(
+                    "{} ranks cannot split `{}`: its {part} has {size} entries, not a multiple of {}",
+                    self.tp_size, self.name, self.tp_size
+                ),
+            )),
+        }
+    }
+
+    /// The shape one rank holds (the group size divides the split dimension: see
+    /// [`ParamSpec::check_divisible`], which every model build runs).
     pub fn local_shape(&self) -> Vec<i64> {
         let mut shape = self.shape.clone();
         if let Some(d) = self.split_dim {
@@ -126,4 +154,45 @@ pub fn join_name(prefix: &str, name: &str) -> String {
 /// Named parts as owned pairs (what `#[linear(parts = [..])]` expands to).
 pub fn parts(named: &[(&str, i64)]) -> Vec<(String, i64)> {
     named.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(
+        shape: Vec<i64>,
+        split_dim: Option<usize>,
+        named: &[(&str, i64)],
+        tp: i64,
+    ) -> ParamSpec {
+        ParamSpec {
+            name: "blocks.0.linear_qkv.weight".into(),
+            shape,
+            split_dim,
+            parts: parts(named),
+            tp_size: tp,
+            grad_sync: GradSync::Complete,
+        }
+    }
+
+    #[test]
+    fn indivisible_splits_name_the_parameter_part_and_sizes() {
+        assert!(spec(vec![6, 4], None, &[], 4).check_divisible().is_ok());
+        assert!(spec(vec![8, 4], Some(0), &[], 4).check_divisible().is_ok());
+        let e = spec(vec![6, 4], Some(0), &[], 4)
+            .check_divisible()
+            .unwrap_err();
+        assert_eq!(e.field, "tensor_parallel_size");
+        assert_eq!(
+            e.message,
+            "4 ranks cannot split `blocks.0.linear_qkv.weight`: its dimension 0 has 6 entries, \
+             not a multiple of 4"
+        );
+        // Parts split one by one: [q; k; v] of 4 each splits over 4 ranks, not over 8.
+        let qkv = |tp| spec(vec![12, 4], Some(0), &[("q", 4), ("k", 4), ("v", 4)], tp);
+        assert!(qkv(4).check_divisible().is_ok());
+        let e = qkv(8).check_divisible().unwrap_err();
+        assert!(e.message.contains("its part `q` has 4 entries"), "{e}");
+    }
 }

@@ -7,6 +7,7 @@ use tch::nn::{Path, VarStore};
 use tch::{Device, Tensor};
 
 use crate::tp::{GradSync, ParamSpec, TpContext};
+use crate::ConfigError;
 
 /// A parameter that could not be set from logical tensors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,16 +38,20 @@ pub struct ShardedStore {
 
 impl ShardedStore {
     /// Build a model's modules with `build` (its generated `new`) on `device` for the group `tp`,
-    /// recording `specs` (its generated `param_specs` for `tp`'s size).
+    /// recording `specs` (its generated `param_specs` for `tp`'s size). Fails, before allocating,
+    /// when the group size does not divide a split dimension (naming the parameter and sizes).
     pub fn build<M>(
         device: Device,
         tp: TpContext,
         specs: Vec<ParamSpec>,
         build: impl FnOnce(&Path, &TpContext) -> M,
-    ) -> (Self, M) {
+    ) -> Result<(Self, M), ConfigError> {
+        for spec in &specs {
+            spec.check_divisible()?;
+        }
         let vs = VarStore::new(device);
         let modules = build(&vs.root(), &tp);
-        (Self { vs, specs, tp }, modules)
+        Ok((Self { vs, specs, tp }, modules))
     }
 
     /// The tensor-parallel group.
