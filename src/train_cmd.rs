@@ -12,7 +12,7 @@ use flux_data::files;
 use flux_model::tp::Collective;
 use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
 use flux_train::{
-    starting_checkpoint, CheckpointFormat, RunConfig, StartPolicy, StepError, Trainer,
+    starting_checkpoint, Cadence, CheckpointFormat, RunConfig, StartPolicy, StepError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tch::Tensor;
@@ -145,6 +145,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         bar.set_position(first_step);
     }
     let tokens = trainer.tokens_per_sample() as f64;
+    let cadence = Cadence::new(&run, stop);
     for step in first_step + 1..=stop {
         flux_data::failpoint::stall("stall", step, world.world.rank());
         let stats = match trainer.train_step() {
@@ -156,8 +157,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
             // A read error on this rank alone: the others may wait in a collective already.
             Err(e @ StepError::Data(_)) => abort_job(&world, e.into()),
         };
-        let last = step == stop;
-        let eval = (last || (t.eval_interval > 0 && step % t.eval_interval == 0))
+        let next = cadence.after(step, stats.skipped);
+        let eval = next
+            .evaluate
             .then(|| trainer.eval_loss())
             .transpose()
             .unwrap_or_else(|e| abort_job(&world, e.into()));
@@ -171,7 +173,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 "non-finite loss or gradient norm: update skipped ([training] nonfinite = \"skip\")"
             );
         }
-        if last || step % t.log_interval == 0 || eval.is_some() || stats.skipped {
+        if next.log {
             let samples_per_s = t.global_batch_size as f64 / stats.seconds;
             let mut r = step_record(&trainer, step, Some(stats.loss), eval, start, samples_per_s);
             (r.lr, r.grad_norm, r.tokens_per_s, r.skipped) = (
@@ -189,16 +191,14 @@ pub fn run(args: TrainArgs) -> Result<()> {
             );
             record(r, &mut metrics)?;
         }
-        let interval = run.checkpoint.interval;
-        let saved = last || (interval > 0 && step % interval == 0);
-        if saved {
+        if next.checkpoint {
             let written = save(&trainer)?;
             tracing::debug!("checkpoint {}", written.display());
         }
-        let request = agreed_request(&signals, world.world.as_ref());
-        if request != StopRequest::Continue && !last {
+        let request = signals.agreed(world.world.as_ref());
+        if request != StopRequest::Continue && !next.last {
             bar.finish_and_clear();
-            if !saved {
+            if !next.checkpoint {
                 save(&trainer)?;
             }
             return stop_for_signal(request, step, &run, leader);
@@ -279,24 +279,6 @@ fn stop_for_nonfinite(error: StepError, dir: &Path, rank: usize) -> anyhow::Erro
     match written {
         Ok(()) => error.context(format!("diagnostics in {}", path.display())),
         Err(e) => error.context(format!("and writing {} failed: {e}", path.display())),
-    }
-}
-
-/// The stop request every rank agrees on (an all-reduce over the world), so all ranks leave the
-/// loop after the same step even when the signal reached them at different times.
-fn agreed_request(signals: &StopSignals, world: &dyn Collective) -> StopRequest {
-    let mut flags = match signals.request() {
-        StopRequest::Continue => [0f32, 0.0],
-        StopRequest::Requeue => [1.0, 0.0],
-        StopRequest::Stop => [0.0, 1.0],
-    };
-    world.all_reduce_sum(&mut flags);
-    if flags[1] > 0.0 {
-        StopRequest::Stop
-    } else if flags[0] > 0.0 {
-        StopRequest::Requeue
-    } else {
-        StopRequest::Continue
     }
 }
 

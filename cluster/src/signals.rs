@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use flux_model::tp::Collective;
 use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::flag;
 
@@ -50,6 +51,47 @@ impl StopSignals {
             StopRequest::Requeue
         } else {
             StopRequest::Continue
+        }
+    }
+
+    /// The request every rank of `world` agrees on (a collective: every rank calls it at the same
+    /// point), so all ranks leave the training loop after the same step even when the signal
+    /// reached them at different times. Any rank's `Stop` wins, then any rank's `Requeue`.
+    pub fn agreed(&self, world: &dyn Collective) -> StopRequest {
+        agree(self.request(), world)
+    }
+}
+
+/// The request of all ranks of `world`, each contributing `local`.
+fn agree(local: StopRequest, world: &dyn Collective) -> StopRequest {
+    let mut flags = match local {
+        StopRequest::Continue => [0f32, 0.0],
+        StopRequest::Requeue => [1.0, 0.0],
+        StopRequest::Stop => [0.0, 1.0],
+    };
+    world.all_reduce_sum(&mut flags);
+    if flags[1] > 0.0 {
+        StopRequest::Stop
+    } else if flags[0] > 0.0 {
+        StopRequest::Requeue
+    } else {
+        StopRequest::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flux_model::tp::SingleRank;
+
+    #[test]
+    fn one_rank_agrees_with_itself() {
+        for r in [
+            StopRequest::Continue,
+            StopRequest::Requeue,
+            StopRequest::Stop,
+        ] {
+            assert_eq!(agree(r, &SingleRank), r);
         }
     }
 }

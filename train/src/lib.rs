@@ -4,6 +4,7 @@
 //! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
 //! data-parallel training loop.
 
+mod cadence;
 mod data_source;
 mod fused_adamw;
 pub mod loss;
@@ -19,6 +20,7 @@ pub mod step_data;
 pub mod timesteps;
 mod trainer;
 
+pub use cadence::{AfterStep, Cadence};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
