@@ -30,6 +30,20 @@ impl Qkv {
         Self { q, k, v }
     }
 
+    /// Split separate projections `q`, `k`, `v` (each `[B, L, H·Dh]`) into heads of width
+    /// `head_dim`.
+    pub fn from_separate(q: &Tensor, k: &Tensor, v: &Tensor, head_dim: i64) -> Self {
+        let heads = |x: &Tensor| {
+            let (b, l, width) = x.size3().expect("projections must be [B, L, H·Dh]");
+            x.view([b, l, width / head_dim, head_dim]).transpose(1, 2)
+        };
+        Self {
+            q: heads(q),
+            k: heads(k),
+            v: heads(v),
+        }
+    }
+
     /// RMS-normalise queries and keys with their learnable scales; values pass through.
     pub fn normalized(self, q_norm: &RmsNorm, k_norm: &RmsNorm) -> Self {
         let kind = self.v.kind();

@@ -8,7 +8,7 @@ use tch::{Device, Tensor};
 
 use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
-use crate::layers::adaln_continuous;
+use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
 use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
@@ -22,10 +22,10 @@ pub struct DitTransformer {
     #[linear(in = config.widths().token_channels(), out = config.hidden_size)]
     pub x_embedder: Linear,
     /// Timestep sinusoids → `D`.
-    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.frequency_embedding_size, hidden: config.hidden_size, bias: true })]
     pub t_embedder: TimeStepEmbedder,
     /// Conditioning vector → `D`.
-    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.cond_dim, hidden: config.hidden_size, bias: true })]
     pub y_embedder: MlpEmbedder,
     /// The blocks.
     #[layers(count = config.depth, name = "blocks")]
@@ -87,6 +87,7 @@ impl DitTransformer {
             &tokens,
             &c,
             self.config.layernorm_epsilon,
+            Halves::ShiftScale,
         );
         unpatchify(&self.final_linear.forward(&out), p, rows, cols)
     }

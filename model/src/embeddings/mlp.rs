@@ -12,6 +12,8 @@ pub struct EmbedderDims {
     pub in_dim: i64,
     /// Model width `D`.
     pub hidden: i64,
+    /// Biases on both linears (FLUX.1, DiT) or none (FLUX.2).
+    pub bias: bool,
 }
 
 /// Two-layer MLP embedder for pooled text vectors and sinusoidal features (replicated).
@@ -19,10 +21,10 @@ pub struct EmbedderDims {
 #[derive(Debug)]
 pub struct MlpEmbedder {
     /// `[D, in]`.
-    #[linear(in = config.in_dim, out = config.hidden)]
+    #[linear(in = config.in_dim, out = config.hidden, bias = config.bias)]
     pub linear_1: Linear,
     /// `[D, D]`.
-    #[linear(in = config.hidden, out = config.hidden)]
+    #[linear(in = config.hidden, out = config.hidden, bias = config.bias)]
     pub linear_2: Linear,
 }
 

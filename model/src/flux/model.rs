@@ -7,7 +7,7 @@ use tch::{Device, Tensor};
 
 use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
-use crate::layers::adaln_continuous;
+use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
 use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
@@ -26,13 +26,13 @@ pub struct FluxTransformer {
     #[linear(in = config.context_dim, out = config.hidden_size)]
     pub context_embedder: Linear,
     /// Timestep sinusoids → `D`.
-    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size, bias: true })]
     pub time_embedder: TimeStepEmbedder,
     /// Pooled text vector → `D`.
-    #[module(config = EmbedderDims { in_dim: config.vec_in_dim, hidden: config.hidden_size })]
+    #[module(config = EmbedderDims { in_dim: config.vec_in_dim, hidden: config.hidden_size, bias: true })]
     pub vector_embedder: MlpEmbedder,
     /// Guidance-strength sinusoids → `D`, when `guidance_embed`.
-    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size },
+    #[module(config = EmbedderDims { in_dim: config.model_channels, hidden: config.hidden_size, bias: true },
              when = config.guidance_embed)]
     pub guidance_embedder: Option<TimeStepEmbedder>,
     /// `transformer.layers.0 ..< num_joint_layers`.
@@ -114,6 +114,7 @@ impl FluxTransformer {
             &img,
             &vec,
             self.config.layernorm_epsilon,
+            Halves::ShiftScale,
         ));
         Ok(unpatchify(&out, p, rows, cols))
     }

@@ -5,5 +5,5 @@ mod modulation;
 mod norm;
 
 pub use mlp::{dropout, Mlp, MlpDims};
-pub use modulation::{adaln, adaln_continuous, Modulation};
+pub use modulation::{adaln, adaln_continuous, split_modulations, Halves, Modulation};
 pub use norm::layer_norm;

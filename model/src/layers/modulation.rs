@@ -34,10 +34,13 @@ impl Modulation {
 ///
 /// Joint blocks use `N = 2` (attention and MLP), single blocks `N = 1`.
 pub fn adaln<const N: usize>(linear: &Linear, vec: &Tensor) -> [Modulation; N] {
-    let chunks = linear
-        .forward(&vec.silu())
-        .unsqueeze(1)
-        .chunk(3 * N as i64, -1);
+    split_modulations(&linear.forward(&vec.silu()))
+}
+
+/// Split modulation parameters already computed, `[B, 3·N·D]` laid out as `N` (shift, scale,
+/// gate) triples (FLUX.2 computes them once per model and hands them to every block).
+pub fn split_modulations<const N: usize>(params: &Tensor) -> [Modulation; N] {
+    let chunks = params.unsqueeze(1).chunk(3 * N as i64, -1);
     std::array::from_fn(|i| Modulation {
         shift: chunks[3 * i].shallow_clone(),
         scale: chunks[3 * i + 1].shallow_clone(),
@@ -45,11 +48,30 @@ pub fn adaln<const N: usize>(linear: &Linear, vec: &Tensor) -> [Modulation; N] {
     })
 }
 
-/// `AdaLNContinuous` for the output: `SiLU(vec) → linear [2D, D]` = `[shift; scale]`, then
-/// `(1 + scale) · LayerNorm(x) + shift`. (diffusers stores the halves as `[scale; shift]`.)
+/// Which half of an output modulation's rows comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Halves {
+    /// `[shift; scale]` (FLUX.1's and DiT's native layout).
+    ShiftScale,
+    /// `[scale; shift]` (diffusers' `AdaLayerNormContinuous`, FLUX.2's layout).
+    ScaleShift,
+}
+
+/// `AdaLNContinuous` for the output: `SiLU(vec) → linear [2D, D]` split into shift and scale as
+/// `halves` says, then `(1 + scale) · LayerNorm(x) + shift`.
 ///
 /// `x [B, L, D]`, `vec [B, D]` → `[B, L, D]`.
-pub fn adaln_continuous(linear: &Linear, x: &Tensor, vec: &Tensor, eps: f64) -> Tensor {
+pub fn adaln_continuous(
+    linear: &Linear,
+    x: &Tensor,
+    vec: &Tensor,
+    eps: f64,
+    halves: Halves,
+) -> Tensor {
     let chunks = linear.forward(&vec.silu()).unsqueeze(1).chunk(2, -1);
-    chunks[0].addcmul(&layer_norm(x, eps), &(&chunks[1] + 1.0))
+    let (shift, scale) = match halves {
+        Halves::ShiftScale => (&chunks[0], &chunks[1]),
+        Halves::ScaleShift => (&chunks[1], &chunks[0]),
+    };
+    shift.addcmul(&layer_norm(x, eps), &(scale + 1.0))
 }
