@@ -29,6 +29,7 @@ pub mod dit;
 pub mod embeddings;
 pub mod flops;
 pub mod flux;
+pub mod flux2;
 pub mod layers;
 pub mod patchify;
 mod prediction;

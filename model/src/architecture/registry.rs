@@ -11,6 +11,7 @@ use tch::Device;
 use crate::architecture::{forward_flops, DiffusionModel, InputSpec, ModelConfig};
 use crate::dit::DitConfig;
 use crate::flops::{ForwardFlops, Rows};
+use crate::flux2::Flux2Config;
 use crate::tp::{ParamSpec, TpContext};
 use crate::{ConfigError, FluxConfig};
 
@@ -39,6 +40,7 @@ impl Architecture {
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture::of::<FluxConfig>(),
     Architecture::of::<DitConfig>(),
+    Architecture::of::<Flux2Config>(),
 ];
 
 /// The key of `[model]` that names the architecture.

@@ -11,14 +11,14 @@ pub fn batch(config: &FluxConfig, size: i64, rows: i64, cols: i64, text_len: i64
     FluxBatch::random(config, size, rows, cols, text_len, Device::Cpu)
 }
 
-/// Folder of the reference fixtures made by `tests/fixtures/make_flux_fixtures.py`.
+/// Folder of the reference fixtures made by the scripts in `tests/fixtures/`.
 pub fn fixture_dir(case: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/data")
         .join(case);
     assert!(
         dir.join("io.safetensors").exists(),
-        "fixture {} is missing: run `.venv/bin/python tests/fixtures/make_flux_fixtures.py` (scripts/test.sh does)",
+        "fixture {} is missing: run `.venv/bin/python tests/fixtures/make_flux_fixtures.py` and `make_flux2_fixtures.py` (scripts/test.sh does)",
         dir.display()
     );
     dir

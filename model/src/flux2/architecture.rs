@@ -1,0 +1,147 @@
+//! FLUX.2 as an architecture: what its config tells the rest of flux-hpc, and its forward pass on
+//! a model-agnostic batch (latents, σ, text states, guidance; no pooled vector).
+
+use tch::{Device, Tensor};
+
+use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::flops::{Attention, Rows};
+use crate::flux2::{Flux2, Flux2Config, Flux2Transformer};
+use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
+use crate::ConfigError;
+
+impl ModelConfig for Flux2Config {
+    const NAME: &'static str = "flux2";
+    const ABOUT: &'static str = "FLUX.2 MMDiT: shared modulation, SwiGLU, 4-axis RoPE, no biases";
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        Flux2Config::validate(self)
+    }
+
+    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
+        check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
+    }
+
+    fn inputs(&self) -> InputSpec {
+        InputSpec {
+            latent_channels: self.in_channels,
+            patch_size: self.patch_size,
+            text_dim: Some(self.joint_attention_dim),
+            pooled_dim: None,
+            guidance: self.guidance_embeds.then_some(self.guidance_scale),
+        }
+    }
+
+    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
+        Flux2Transformer::param_specs("", self, tp_size)
+    }
+
+    fn weight_matrices(&self) -> Vec<(f64, Rows)> {
+        let d = self.hidden_size() as f64;
+        let m = self.mlp_hidden() as f64;
+        let channels = self.token_channels() as f64;
+        let timestep = self.timestep_guidance_channels as f64 * d + d * d;
+        let mut out = vec![
+            (channels * d, Rows::Image),
+            (self.joint_attention_dim as f64 * d, Rows::Text),
+            (timestep, Rows::Sample),
+        ];
+        if self.guidance_embeds {
+            out.push((timestep, Rows::Sample));
+        }
+        // The shared modulations: double image, double text, single.
+        out.extend([
+            (6.0 * d * d, Rows::Sample),
+            (6.0 * d * d, Rows::Sample),
+            (3.0 * d * d, Rows::Sample),
+        ]);
+        for _ in 0..self.num_layers {
+            for rows in [Rows::Image, Rows::Text] {
+                // q, k, v, output projection, SwiGLU in (gate and value) and out.
+                out.extend([
+                    (3.0 * d * d, rows),
+                    (d * d, rows),
+                    (2.0 * m * d, rows),
+                    (m * d, rows),
+                ]);
+            }
+        }
+        for _ in 0..self.num_single_layers {
+            out.extend([
+                ((3.0 * d + 2.0 * m) * d, Rows::Tokens),
+                ((d + m) * d, Rows::Tokens),
+            ]);
+        }
+        out.extend([(2.0 * d * d, Rows::Sample), (d * channels, Rows::Image)]);
+        out
+    }
+
+    fn attention(&self) -> Attention {
+        Attention {
+            layers: self.num_layers + self.num_single_layers,
+            width: self.hidden_size(),
+            over: Rows::Tokens,
+        }
+    }
+
+    fn summary(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "layers",
+                format!(
+                    "{} double + {} single",
+                    self.num_layers, self.num_single_layers
+                ),
+            ),
+            (
+                "width",
+                format!(
+                    "hidden {} = {} heads × {}, SwiGLU {}",
+                    self.hidden_size(),
+                    self.num_attention_heads,
+                    self.attention_head_dim,
+                    self.mlp_hidden()
+                ),
+            ),
+            (
+                "conditioning",
+                format!(
+                    "text {} · guidance {}",
+                    self.joint_attention_dim, self.guidance_embeds
+                ),
+            ),
+        ]
+    }
+
+    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        Ok(Box::new(Flux2::new_parallel(self, device, tp)?))
+    }
+}
+
+impl DiffusionModel for Flux2 {
+    fn store(&self) -> &ShardedStore {
+        &self.store
+    }
+
+    fn store_mut(&mut self) -> &mut ShardedStore {
+        &mut self.store
+    }
+
+    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        ModelConfig::inputs(self.transformer.config()).check(batch)?;
+        let text = batch
+            .text
+            .as_ref()
+            .expect("InputSpec::check requires the text states");
+        Ok(self.transformer.forward(
+            &batch.latents,
+            text,
+            &batch.timesteps,
+            batch.guidance.as_ref(),
+            train,
+        ))
+    }
+
+    fn set_recompute(&self, on: bool) {
+        self.transformer.set_recompute(on);
+    }
+}

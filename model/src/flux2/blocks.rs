@@ -1,0 +1,222 @@
+//! FLUX.2's blocks, named as diffusers names their weights: the SwiGLU feed-forward, the
+//! double-stream block (separate image and text weights, joint attention) and the single-stream
+//! "parallel" block (attention and MLP share one fused input and one fused output projection).
+//! No block has biases or its own modulation: the model computes the modulation once and every
+//! block takes it.
+
+use flux_macros::diffusion_block;
+use tch::Tensor;
+
+use crate::attention::{attention, Qkv};
+use crate::embeddings::Rope;
+use crate::flux2::Flux2Config;
+use crate::layers::split_modulations;
+use crate::tp::{Linear, RmsNorm};
+
+/// `silu(gate) · value` over the two halves of the last dimension (`[gate; value]`); on a
+/// column-parallel shard the halves are this rank's slices of each.
+fn swiglu(x: &Tensor) -> Tensor {
+    let halves = x.chunk(2, -1);
+    halves[0].silu() * &halves[1]
+}
+
+/// SwiGLU feed-forward `D → [gate; value] (2M) → M → D`.
+#[diffusion_block(config = Flux2Config)]
+#[derive(Debug)]
+pub struct FeedForward {
+    /// `[2M, D]`, rows `[gate; value]`, each part split over the group.
+    #[linear(in = config.hidden_size(), shard = column, bias = false,
+             parts = [gate = config.mlp_hidden(), value = config.mlp_hidden()])]
+    pub linear_in: Linear,
+    /// `[D, M]`, input split; outputs all-reduced.
+    #[linear(in = config.mlp_hidden(), out = config.hidden_size(), shard = row, bias = false)]
+    pub linear_out: Linear,
+}
+
+impl FeedForward {
+    /// `x [B, L, D]` → `[B, L, D]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.linear_out.forward(&swiglu(&self.linear_in.forward(x)))
+    }
+}
+
+/// Joint attention of the double-stream block: per stream separate `q`, `k`, `v` projections
+/// (column-parallel, split by heads), QK-norm, an output projection (row-parallel).
+#[diffusion_block(config = Flux2Config)]
+#[derive(Debug)]
+pub struct Flux2Attention {
+    /// Image queries `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub to_q: Linear,
+    /// Image keys `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub to_k: Linear,
+    /// Image values `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub to_v: Linear,
+    /// Image query scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_q: RmsNorm,
+    /// Image key scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_k: RmsNorm,
+    /// Image output projection `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = row, bias = false,
+             name = "to_out.0")]
+    pub to_out: Linear,
+    /// Text queries `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub add_q_proj: Linear,
+    /// Text keys `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub add_k_proj: Linear,
+    /// Text values `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
+    pub add_v_proj: Linear,
+    /// Text query scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_added_q: RmsNorm,
+    /// Text key scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_added_k: RmsNorm,
+    /// Text output projection `[D, D]`.
+    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = row, bias = false)]
+    pub to_add_out: Linear,
+    #[value(config.attention_head_dim)]
+    head_dim: i64,
+}
+
+impl Flux2Attention {
+    /// Modulated `img [B, Li, D]`, `txt [B, Lt, D]`, `rope` over `Lt + Li` tokens (text first)
+    /// → projected outputs `(img, txt)`.
+    pub fn forward(&self, img: &Tensor, txt: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
+        let dh = self.head_dim;
+        let img_qkv = Qkv::from_separate(
+            &self.to_q.forward(img),
+            &self.to_k.forward(img),
+            &self.to_v.forward(img),
+            dh,
+        )
+        .normalized(&self.norm_q, &self.norm_k);
+        let txt_qkv = Qkv::from_separate(
+            &self.add_q_proj.forward(txt),
+            &self.add_k_proj.forward(txt),
+            &self.add_v_proj.forward(txt),
+            dh,
+        )
+        .normalized(&self.norm_added_q, &self.norm_added_k);
+        let joint = attention(&Qkv::cat(&[&txt_qkv, &img_qkv]), Some(rope), 0.0);
+        let text_len = txt.size()[1];
+        (
+            self.to_out
+                .forward(&joint.narrow(1, text_len, img.size()[1])),
+            self.to_add_out.forward(&joint.narrow(1, 0, text_len)),
+        )
+    }
+}
+
+/// One double-stream block: `transformer_blocks.{i}`.
+#[diffusion_block(config = Flux2Config)]
+#[derive(Debug)]
+pub struct Flux2TransformerBlock {
+    /// Joint attention.
+    #[module]
+    pub attn: Flux2Attention,
+    /// Image feed-forward.
+    #[module]
+    pub ff: FeedForward,
+    /// Text feed-forward.
+    #[module]
+    pub ff_context: FeedForward,
+    #[value(config.eps)]
+    eps: f64,
+}
+
+impl Flux2TransformerBlock {
+    /// `img [B, Li, D]`, `txt [B, Lt, D]`, the shared modulations `mod_img`, `mod_txt`
+    /// `[B, 6D]` (two (shift, scale, gate) triples each), `rope` (text first) → `(img, txt)`.
+    pub fn forward(
+        &self,
+        img: &Tensor,
+        txt: &Tensor,
+        mod_img: &Tensor,
+        mod_txt: &Tensor,
+        rope: &Rope,
+    ) -> (Tensor, Tensor) {
+        let [img_attn, img_ff] = split_modulations::<2>(mod_img);
+        let [txt_attn, txt_ff] = split_modulations::<2>(mod_txt);
+        let (img_out, txt_out) = self.attn.forward(
+            &img_attn.modulate(img, self.eps),
+            &txt_attn.modulate(txt, self.eps),
+            rope,
+        );
+        let img = img_attn.gated_residual(img, &img_out);
+        let txt = txt_attn.gated_residual(txt, &txt_out);
+        let img = img_ff.gated_residual(&img, &self.ff.forward(&img_ff.modulate(&img, self.eps)));
+        let txt = txt_ff.gated_residual(
+            &txt,
+            &self.ff_context.forward(&txt_ff.modulate(&txt, self.eps)),
+        );
+        (img, txt)
+    }
+}
+
+/// The single-stream block's attention and MLP in one: `[q; k; v; gate; value]` from one fused
+/// column-parallel projection, `[attention | MLP]` into one fused row-parallel projection.
+#[diffusion_block(config = Flux2Config)]
+#[derive(Debug)]
+pub struct Flux2ParallelSelfAttention {
+    /// `[3D + 2M, D]`, every part split over the group.
+    #[linear(in = config.hidden_size(), shard = column, bias = false,
+             parts = [q = config.hidden_size(), k = config.hidden_size(), v = config.hidden_size(),
+                      gate = config.mlp_hidden(), value = config.mlp_hidden()])]
+    pub to_qkv_mlp_proj: Linear,
+    /// Query scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_q: RmsNorm,
+    /// Key scale `[Dh]`.
+    #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
+    pub norm_k: RmsNorm,
+    /// `[D, D + M]`, input parts `[attention | MLP]` split over the group.
+    #[linear(out = config.hidden_size(), shard = row, bias = false,
+             parts = [attention = config.hidden_size(), mlp = config.mlp_hidden()])]
+    pub to_out: Linear,
+    /// `3D / (3D + 2M)`: the attention share of the fused projection, the same on every shard.
+    #[value((3 * config.hidden_size()) as f64 / (3 * config.hidden_size() + 2 * config.mlp_hidden()) as f64)]
+    qkv_share: f64,
+    #[value(config.attention_head_dim)]
+    head_dim: i64,
+}
+
+impl Flux2ParallelSelfAttention {
+    /// Modulated `x [B, L, D]`, `rope` over `L` → `[B, L, D]`.
+    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Tensor {
+        let fused = self.to_qkv_mlp_proj.forward(x);
+        let width = fused.size()[2];
+        let qkv_width = (width as f64 * self.qkv_share).round() as i64;
+        let parts = fused.split_with_sizes([qkv_width, width - qkv_width], -1);
+        let qkv = Qkv::from_fused(&parts[0], self.head_dim).normalized(&self.norm_q, &self.norm_k);
+        let attended = attention(&qkv, Some(rope), 0.0);
+        self.to_out
+            .forward(&Tensor::cat(&[attended, swiglu(&parts[1])], -1))
+    }
+}
+
+/// One single-stream block: `single_transformer_blocks.{i}`.
+#[diffusion_block(config = Flux2Config)]
+#[derive(Debug)]
+pub struct Flux2SingleTransformerBlock {
+    /// Attention and MLP.
+    #[module]
+    pub attn: Flux2ParallelSelfAttention,
+    #[value(config.eps)]
+    eps: f64,
+}
+
+impl Flux2SingleTransformerBlock {
+    /// `x [B, Lt + Li, D]`, the shared modulation `[B, 3D]`, `rope` → `[B, Lt + Li, D]`.
+    pub fn forward(&self, x: &Tensor, modulation: &Tensor, rope: &Rope) -> Tensor {
+        let [m] = split_modulations::<1>(modulation);
+        m.gated_residual(x, &self.attn.forward(&m.modulate(x, self.eps), rope))
+    }
+}
