@@ -1,7 +1,8 @@
 //! A synthetic latent dataset with learnable structure: each sample's clean latent is a fixed
 //! linear function of its pooled conditioning vector (one level per channel, constant over the
 //! image), so a model that learns the function drives the flow-matching loss down and samples the
-//! right latent for a conditioning; its text states are unrelated noise.
+//! right latent for a conditioning. Text states are unrelated noise, except that for a model that
+//! reads text but no pooled vector the first text state starts with the pooled vector.
 
 use tch::{Device, Kind, Tensor};
 
@@ -22,6 +23,9 @@ pub struct SyntheticShape {
     pub context_dim: i64,
     /// Pooled vector width.
     pub vec_dim: i64,
+    /// Copy the pooled vector into the start of the first text state, as much as fits (for
+    /// models that take no pooled vector, so the latents still follow from what they see).
+    pub factors_in_text: bool,
 }
 
 /// One batch of clean samples, all f32 on the requested device.
@@ -79,8 +83,15 @@ impl SyntheticLatents {
                 let level: f64 = row.iter().zip(&yi).map(|(p, &v)| p * v as f64).sum();
                 latents.extend(std::iter::repeat_n(level as f32, plane));
             }
+            let mut ti = rng.normals(text_n);
+            if s.factors_in_text {
+                let first_state = ti.iter_mut().take(s.context_dim as usize);
+                for (t, v) in first_state.zip(&yi) {
+                    *t = *v;
+                }
+            }
             y.extend(yi);
-            txt.extend(rng.normals(text_n));
+            txt.extend(ti);
         }
         let b = indices.len() as i64;
         let y = Tensor::from_slice(&y).view([b, s.vec_dim]);

@@ -61,6 +61,7 @@ fn synthetic_samples_are_deterministic_per_index_and_learnable() {
         text_len: 2,
         context_dim: 6,
         vec_dim: 8,
+        factors_in_text: false,
     };
     let data = SyntheticLatents::new(7, shape);
     let ab = data.batch(&[3, 9], tch::Device::Cpu);
@@ -86,6 +87,23 @@ fn synthetic_samples_are_deterministic_per_index_and_learnable() {
         (0.8..1.2).contains(&var),
         "latents have unit variance, got {var}"
     );
+    // For a model without a pooled input the factors start the first text state (6 of 8 fit);
+    // latents and pooled vectors stay the same.
+    let in_text = SyntheticLatents::new(
+        7,
+        SyntheticShape {
+            factors_in_text: true,
+            ..shape
+        },
+    )
+    .batch(&[3, 9], tch::Device::Cpu);
+    assert!(in_text.latents.equal(&ab.latents) && in_text.y.equal(&ab.y));
+    assert!(in_text
+        .txt
+        .narrow(1, 0, 1)
+        .view([2, 6])
+        .equal(&ab.y.narrow(1, 0, 6)));
+    assert!(in_text.txt.narrow(1, 1, 1).equal(&ab.txt.narrow(1, 1, 1)));
 }
 
 #[test]

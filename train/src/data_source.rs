@@ -17,8 +17,12 @@ use crate::RunConfig;
 /// Held-out samples are keyed from here, away from any training counter.
 pub const EVAL_BASE: u64 = 1 << 62;
 
-/// The synthetic dataset a run trains on: its `[training]` seed and latent and text sizes.
-/// Text states and pooled vectors are empty (zero-width) for a model that takes none.
+/// Width of the synthetic pooled vector (the latents' generating factors) for a model that takes
+/// none; the factors then start its first text state.
+const TEXT_FACTORS: i64 = 16;
+
+/// The synthetic dataset a run trains on: its `[training]` seed and latent and text sizes. Text
+/// states are empty (zero-width) for a model that reads no text.
 pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
     let t = &run.training;
     let inputs = run.model.inputs();
@@ -28,7 +32,8 @@ pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
         width: t.latent_width,
         text_len: inputs.text_tokens(t.text_len),
         context_dim: inputs.text_dim.unwrap_or(0),
-        vec_dim: inputs.pooled_dim.unwrap_or(0),
+        vec_dim: inputs.pooled_dim.unwrap_or(TEXT_FACTORS),
+        factors_in_text: inputs.pooled_dim.is_none(),
     };
     SyntheticLatents::new(t.seed, shape)
 }
