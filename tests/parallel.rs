@@ -1,7 +1,8 @@
 //! Tensor and data parallelism under real `mpirun`: every layout must reproduce the
 //! single-process forward output and every parameter gradient within 1e-5 (f32), with exactly the
 //! expected all-reduces. flux_tiny: guidance on, 2 joint + 2 single layers, batch 2, a 3×4 token
-//! grid and 5 text tokens; dit_tiny: 4 DiT blocks over 2×2 patches.
+//! grid and 5 text tokens; dit_tiny: 4 DiT blocks over 2×2 patches; flux2_tiny: 2 double + 2
+//! single FLUX.2 blocks.
 
 use std::process::{Command, Output};
 
@@ -91,4 +92,16 @@ fn dit_tensor_two_by_data_two_matches_one_process() {
         out.contains("all-reduces forward 8 backward 8 grad-sync 0 (expected 8 8 0)"),
         "{out}"
     );
+}
+
+#[test]
+fn flux2_on_two_ranks_and_on_tp2_by_dp2_matches_one_process() {
+    // Per double block 8 column inputs (separate q, k, v and SwiGLU in, per stream) and 4 row
+    // outputs; per single block one fused column and one fused row linear; QK-norm scales summed
+    // in one bucket.
+    let expected = "all-reduces forward 10 backward 18 grad-sync 1 (expected 10 18 1)";
+    for np in [2, 4] {
+        let out = check_passes("configs/flux2_tiny.toml", np, 2, &[]);
+        assert!(out.contains(expected), "{out}");
+    }
 }
