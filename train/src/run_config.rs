@@ -1,7 +1,7 @@
 //! The run configuration file: a TOML document with one table per concern.
 //!
 //! ```toml
-//! [model]          # the network: `architecture = "flux" | "dit"` (default flux) and its shape
+//! [model]          # the network: `architecture = "flux" | "flux2" | "dit"` (default flux) and its shape
 //! [training]       # steps, batch sizes, resolution, timestep sampling, precision
 //! [optimization]   # AdamW, learning-rate schedule, gradient clipping
 //! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
