@@ -157,6 +157,19 @@ impl RunConfig {
         for item in overrides {
             apply_override(&mut tree, item)?;
         }
+        // The [model] table first: its keys depend on its architecture, which serde's errors
+        // cannot point at, so a bad key is located in the text here.
+        if let Some(toml::Value::Table(model)) = tree.get("model") {
+            ModelSpec::from_table(model.clone()).map_err(|error| {
+                let at = key_location(text, "model", &error.field)
+                    .map(|at| format!("{at}: "))
+                    .unwrap_or_default();
+                RunConfigError::Parse {
+                    path: origin.to_string(),
+                    message: format!("{at}{}", error.within("model")),
+                }
+            })?;
+        }
         // Without overrides, read the text itself so errors carry the line and column.
         let config: RunConfig = if overrides.is_empty() {
             toml::from_str(text).map_err(|e| parse_err(&e))?
@@ -195,6 +208,16 @@ impl RunConfig {
             .map_err(|e| e.within("checkpoint"))?;
         self.slurm.validate().map_err(|e| e.within("slurm"))
     }
+}
+
+/// Where `[table] key` is written in `text`, as `line L, column C` (1-based), when it is.
+fn key_location(text: &str, table: &str, key: &str) -> Option<String> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let span = doc.get(table)?.as_table()?.key(key)?.span()?;
+    let before = &text[..span.start];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    Some(format!("line {line}, column {column}"))
 }
 
 /// Largest config file read (a config is a few kilobytes; this bounds a wrong path).
