@@ -1,4 +1,5 @@
-//! `flux-hpc convert`: FLUX.1 weights between BFL, diffusers and native checkpoints.
+//! `flux-hpc convert`: weights between native checkpoints and the layouts the architecture has
+//! (FLUX.1: BFL and diffusers; FLUX.2: diffusers).
 
 use std::path::PathBuf;
 
@@ -8,7 +9,6 @@ use flux_data::checkpoint::{self, Reader};
 use flux_data::convert::{convert, Format};
 use flux_data::dataset::StorageDtype;
 use flux_model::convert::Layout;
-use flux_model::FluxConfig;
 use flux_train::metrics::peak_rss_mib;
 use flux_train::RunConfig;
 
@@ -17,7 +17,8 @@ use flux_train::RunConfig;
 enum FormatArg {
     /// Black Forest Labs' `flux` safetensors (`double_blocks.0.img_attn.qkv.weight`, …).
     Bfl,
-    /// diffusers' FluxTransformer2DModel (a directory with config.json and the weights).
+    /// diffusers' transformer (FluxTransformer2DModel, Flux2Transformer2DModel): a directory
+    /// with config.json and the weights.
     Diffusers,
     /// A flux-hpc checkpoint (`step_*/` or a run directory).
     Native,
@@ -80,20 +81,13 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         }
         (None, _) => bail!("--config is required to read {:?} weights", args.from),
     };
-    let Some(flux) = run.model.get::<FluxConfig>() else {
-        bail!(
-            "convert knows the BFL and diffusers layouts of FLUX.1 (architecture \"flux\"); this \
-             model's [model] architecture is \"{}\", which has no external layout to convert",
-            run.model.architecture()
-        );
-    };
     let stored = toml::to_string(&run).context("serialising the run config")?;
     let report = convert(
         args.from.into(),
         &input,
         args.to.into(),
         &args.output,
-        flux,
+        &run.model,
         &stored,
         args.dtype,
     )?;

@@ -1,10 +1,14 @@
 //! FLUX.2 end to end: `configs/flux2_tiny.toml` (`architecture = "flux2"`) trains with the same
-//! loop as Flux, and `info` counts FLUX.2 [dev] from its config alone. Parity with diffusers is
-//! `model/tests/flux2.rs`; tensor × data parallel equivalence is `tests/parallel.rs`.
+//! loop as Flux, `info` counts FLUX.2 [dev] from its config alone, and `convert` takes diffusers
+//! weights to a native checkpoint and back bit for bit, into a folder diffusers loads. Parity with
+//! diffusers is `model/tests/flux2.rs`; tensor × data parallel equivalence is `tests/parallel.rs`.
 
 mod common;
 
-use common::{flux_hpc, ok, records, temp_dir, train_config};
+use std::path::Path;
+
+use common::{first_and_last_eval, flux_hpc, ok, python, temp_dir, train_config};
+use tch::Tensor;
 
 #[test]
 fn flux2_trains_on_synthetic_latents_and_info_counts_flux2_dev() {
@@ -16,11 +20,7 @@ fn flux2_trains_on_synthetic_latents_and_info_counts_flux2_dev() {
         &["training.total_steps=100", "training.eval_interval=0"],
     );
     ok(&out);
-    let rs = records(&dir);
-    let (first, last) = (
-        rs[0]["eval_loss"].as_f64().unwrap(),
-        rs.last().unwrap()["eval_loss"].as_f64().unwrap(),
-    );
+    let (first, last) = first_and_last_eval(&dir);
     assert!(last <= 0.7 * first, "held-out loss {first} → {last}");
     std::fs::remove_dir_all(dir).unwrap();
 
@@ -33,4 +33,74 @@ fn flux2_trains_on_synthetic_latents_and_info_counts_flux2_dev() {
         text.contains("architecture      flux2") && text.contains("32,223,281,152"),
         "{text}"
     );
+}
+
+#[test]
+fn flux2_converts_from_diffusers_to_native_and_back_into_a_folder_diffusers_loads() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/flux2");
+    let dir = temp_dir("flux2-convert");
+    let (weights, config) = (
+        fixture.join("diffusers.safetensors"),
+        fixture.join("config.toml"),
+    );
+    let (run, export) = (dir.join("run"), dir.join("export"));
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let convert = |from: &str, to: &str, input: &Path, output: &Path, extra: &[&str]| {
+        let mut args = vec!["convert".to_string(), "--from".into(), from.into()];
+        args.extend(["--to".into(), to.into(), path(input), path(output)]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        flux_hpc(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    ok(&convert(
+        "diffusers",
+        "native",
+        &weights,
+        &run,
+        &["--config", config.to_str().unwrap()],
+    ));
+    ok(&convert(
+        "native",
+        "diffusers",
+        &run,
+        &export,
+        &["--dtype", "f32"],
+    ));
+    let read = |p: &Path| -> std::collections::HashMap<String, Tensor> {
+        Tensor::read_safetensors(p).unwrap().into_iter().collect()
+    };
+    let (before, after) = (
+        read(&weights),
+        read(&export.join("diffusion_pytorch_model.safetensors")),
+    );
+    assert_eq!(before.len(), after.len());
+    for (name, t) in &before {
+        assert!(t.equal(&after[name]), "{name} changed");
+    }
+    let config_json = std::fs::read_to_string(export.join("config.json")).unwrap();
+    assert!(
+        config_json.contains("Flux2Transformer2DModel"),
+        "{config_json}"
+    );
+    let io = fixture.join("io.safetensors");
+    ok(&python(
+        "diffusers_flux2_forward.py",
+        &[export.as_os_str(), io.as_os_str()],
+    ));
+
+    // An architecture without the layout is refused before anything is written.
+    let refused = convert(
+        "diffusers",
+        "native",
+        &weights,
+        &dir.join("dit"),
+        &["--config", "configs/dit_tiny.toml"],
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("architecture \"dit\" has no Diffusers layout"),
+        "{stderr}"
+    );
+    assert!(!dir.join("dit").exists());
+    std::fs::remove_dir_all(dir).unwrap();
 }

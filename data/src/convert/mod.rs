@@ -1,6 +1,7 @@
-//! `flux-hpc convert`: FLUX.1 weights between BFL safetensors, diffusers safetensors and native
-//! checkpoints, one tensor at a time. The key mapping is the model crate's table
-//! ([`flux_model::convert`]), shared with the loader the parity tests use.
+//! `flux-hpc convert`: weights between native checkpoints and the external layouts the model's
+//! architecture declares (FLUX.1: BFL and diffusers safetensors; FLUX.2: diffusers), one tensor
+//! at a time. The key mapping comes from the architecture ([`ModelSpec::external_source`]; for
+//! FLUX.1 the model crate's table, shared with the loader the parity tests use).
 //!
 //! Every conversion reads the source's logical native tensors in parameter order and hands each
 //! to the sink, so resident memory stays a few copies of the largest tensor, not the model.
@@ -11,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use flux_model::convert::{source as external_source, table::Combine, Layout};
+use flux_model::convert::{table::Combine, Layout};
 use flux_model::tp::ParamSpec;
-use flux_model::FluxConfig;
+use flux_model::ModelSpec;
 
 pub use safetensors_stream::{
     decode_in_memory, write_streaming, write_tensors, SafetensorsReader, TensorInfo, CRC_KEY,
@@ -29,7 +30,7 @@ pub enum Format {
     /// A flux-hpc checkpoint directory (`step_*/`, any tensor-parallel size) to read, or a new
     /// run directory to write a weights-only `step_000000000/` into.
     Native,
-    /// A FLUX.1 safetensors layout: a file, or a directory holding the weights (diffusers:
+    /// An external safetensors layout: a file, or a directory holding the weights (diffusers:
     /// `diffusion_pytorch_model.safetensors` or its sharded index).
     External(Layout),
 }
@@ -50,7 +51,7 @@ struct External {
     files: Vec<SafetensorsReader>,
     by_key: HashMap<String, usize>,
     layout: Layout,
-    config: FluxConfig,
+    model: ModelSpec,
 }
 
 /// The safetensors files of `input`: a file, a diffusers directory, or a sharded index.
@@ -88,7 +89,7 @@ fn external_files(input: &Path) -> Result<Vec<PathBuf>, DataError> {
 }
 
 impl External {
-    fn open(input: &Path, layout: Layout, config: &FluxConfig) -> Result<Self, DataError> {
+    fn open(input: &Path, layout: Layout, model: &ModelSpec) -> Result<Self, DataError> {
         let files = external_files(input)?
             .iter()
             .map(|p| {
@@ -112,7 +113,7 @@ impl External {
             files,
             by_key,
             layout,
-            config: config.clone(),
+            model: model.clone(),
         })
     }
 
@@ -128,9 +129,12 @@ impl External {
     fn check(&self, specs: &[ParamSpec]) -> Result<(), DataError> {
         let mut used = BTreeSet::new();
         for spec in specs {
-            let src = external_source(&spec.name, self.layout, &self.config).ok_or_else(|| {
-                self.fail(format!("no {:?} name for `{}`", self.layout, spec.name))
-            })?;
+            let src = self
+                .model
+                .external_source(&spec.name, self.layout)
+                .ok_or_else(|| {
+                    self.fail(format!("no {:?} name for `{}`", self.layout, spec.name))
+                })?;
             let mut rows = 0;
             for key in &src.keys {
                 let info = self.info(key, &spec.name)?;
@@ -176,8 +180,10 @@ impl External {
     }
 
     fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, DataError> {
-        let src =
-            external_source(&spec.name, self.layout, &self.config).expect("checked before reading");
+        let src = self
+            .model
+            .external_source(&spec.name, self.layout)
+            .expect("checked before reading");
         let mut values = Vec::with_capacity(spec.numel() as usize);
         for key in &src.keys {
             values.extend(self.files[self.by_key[key]].read_f32(key)?);
@@ -195,9 +201,11 @@ impl External {
 fn external_parts(
     spec: &ParamSpec,
     layout: Layout,
-    config: &FluxConfig,
+    model: &ModelSpec,
 ) -> Vec<(String, Vec<usize>, std::ops::Range<usize>)> {
-    let src = external_source(&spec.name, layout, config).expect("every native name has a row");
+    let src = model
+        .external_source(&spec.name, layout)
+        .expect("every native name has a row");
     let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
     let row: usize = shape[1..].iter().product();
     let rows: Vec<usize> = if src.keys.len() == 1 {
@@ -221,38 +229,6 @@ fn external_parts(
         .collect()
 }
 
-/// diffusers' `config.json` for `config`; fails for configs diffusers cannot express.
-pub fn diffusers_config(config: &FluxConfig) -> Result<serde_json::Value, String> {
-    let fixed = [
-        (config.patch_size == 1, "model.patch_size must be 1"),
-        (
-            config.model_channels == 256,
-            "model.model_channels must be 256",
-        ),
-        (config.mlp_ratio == 4.0, "model.mlp_ratio must be 4"),
-        (config.theta == 10000.0, "model.theta must be 10000"),
-    ];
-    if let Some((_, why)) = fixed.iter().find(|(ok, _)| !ok) {
-        return Err(format!(
-            "diffusers' FluxTransformer2DModel cannot express this config: {why}"
-        ));
-    }
-    Ok(serde_json::json!({
-        "_class_name": "FluxTransformer2DModel",
-        "patch_size": 1,
-        "in_channels": config.in_channels,
-        "out_channels": config.in_channels,
-        "num_layers": config.num_joint_layers,
-        "num_single_layers": config.num_single_layers,
-        "attention_head_dim": config.head_dim(),
-        "num_attention_heads": config.num_attention_heads,
-        "joint_attention_dim": config.context_dim,
-        "pooled_projection_dim": config.vec_in_dim,
-        "guidance_embeds": config.guidance_embed,
-        "axes_dims_rope": config.axes_dim,
-    }))
-}
-
 /// Where logical native tensors are read from.
 enum Source {
     /// A native checkpoint (any tensor-parallel size).
@@ -267,7 +243,7 @@ impl Source {
     fn open(
         from: Format,
         input: &Path,
-        config: &FluxConfig,
+        model: &ModelSpec,
         specs: &[ParamSpec],
     ) -> Result<Self, DataError> {
         match from {
@@ -288,7 +264,7 @@ impl Source {
                 Ok(Self::Native(reader, input.to_path_buf()))
             }
             Format::External(layout) => {
-                let external = External::open(input, layout, config)?;
+                let external = External::open(input, layout, model)?;
                 external.check(specs)?;
                 Ok(Self::External(external))
             }
@@ -319,20 +295,35 @@ impl Source {
     }
 }
 
-/// Convert `input` in format `from` to `output` in format `to` for a model of `config`
+/// Convert `input` in format `from` to `output` in format `to` for the model `model`
 /// (`run_config` is the TOML stored in native checkpoints). External output is written in
-/// `dtype`; native output is f32. Nothing is written unless the input fits the config.
+/// `dtype`; native output is f32. Nothing is written unless the input fits the config and the
+/// architecture has the external layout.
 pub fn convert(
     from: Format,
     input: &Path,
     to: Format,
     output: &Path,
-    config: &FluxConfig,
+    model: &ModelSpec,
     run_config: &str,
     dtype: StorageDtype,
 ) -> Result<ConvertReport, DataError> {
-    let specs: Vec<ParamSpec> = config.param_layout();
-    let source = Source::open(from, input, config, &specs)?;
+    for (format, path) in [(from, input), (to, output)] {
+        if let Format::External(layout) = format {
+            if !model.weight_layouts().contains(&layout) {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "architecture \"{}\" has no {layout:?} layout (it has {:?})",
+                        model.architecture(),
+                        model.weight_layouts()
+                    ),
+                ));
+            }
+        }
+    }
+    let specs: Vec<ParamSpec> = model.param_specs(1);
+    let source = Source::open(from, input, model, &specs)?;
     let mut read = |spec: &ParamSpec| source.read(spec);
     let params = specs.iter().map(ParamSpec::numel).sum();
     match to {
@@ -347,8 +338,9 @@ pub fn convert(
         Format::External(layout) => {
             let file = match layout {
                 Layout::Diffusers => {
-                    let json =
-                        diffusers_config(config).map_err(|m| DataError::format(output, m))?;
+                    let json = model
+                        .diffusers_config()
+                        .map_err(|m| DataError::format(output, m))?;
                     fs::create_dir_all(output).map_err(io(output))?;
                     let path = output.join("config.json");
                     let text = serde_json::to_string_pretty(&json).expect("JSON serialises");
@@ -360,7 +352,7 @@ pub fn convert(
             let mut plan = Vec::new();
             let mut owner = Vec::new();
             for (i, spec) in specs.iter().enumerate() {
-                for (key, shape, range) in external_parts(spec, layout, config) {
+                for (key, shape, range) in external_parts(spec, layout, model) {
                     plan.push((key, shape));
                     owner.push((i, range));
                 }
@@ -374,7 +366,8 @@ pub fn convert(
                 let (i, range) = owner[k].clone();
                 if cached.as_ref().is_none_or(|(c, _)| *c != i) {
                     let mut v = read(&specs[i])?;
-                    if external_source(&specs[i].name, layout, config)
+                    if model
+                        .external_source(&specs[i].name, layout)
                         .is_some_and(|s| s.combine == Combine::SwapHalves)
                     {
                         let half = v.len() / 2;

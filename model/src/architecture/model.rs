@@ -8,6 +8,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{DiffusionBatch, InputError, InputSpec};
+use crate::convert::{Layout, Source};
 use crate::flops::{Attention, ForwardFlops, Rows};
 use crate::tp::{ParamSpec, ShardedStore, TpContext};
 use crate::ConfigError;
@@ -73,6 +74,26 @@ pub trait ModelConfig:
     /// Whether training draws dropout masks (which layer recomputation cannot replay).
     fn uses_dropout(&self) -> bool {
         false
+    }
+
+    /// The external weight layouts the model is imported from and exported to (`convert`).
+    fn weight_layouts(&self) -> Vec<Layout> {
+        Vec::new()
+    }
+
+    /// Where native parameter `native` lives in `layout` (`None`: not there, or no such layout).
+    fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
+        let _ = (native, layout);
+        None
+    }
+
+    /// diffusers' `config.json` for this model (for the diffusers layout); the error says why
+    /// diffusers cannot express the config.
+    fn diffusers_config(&self) -> Result<serde_json::Value, String> {
+        Err(format!(
+            "architecture \"{}\" has no diffusers layout",
+            Self::NAME
+        ))
     }
 
     /// `(label, value)` lines describing the shape, for `flux-hpc info`.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tch::Device;
 
 use crate::architecture::{forward_flops, DiffusionModel, InputSpec, ModelConfig};
+use crate::convert::{Layout, Source};
 use crate::dit::DitConfig;
 use crate::flops::{ForwardFlops, Rows};
 use crate::flux2::Flux2Config;
@@ -88,6 +89,9 @@ trait AnyConfig: Debug + Send + Sync {
     fn weight_matrices(&self) -> Vec<(f64, Rows)>;
     fn forward_flops(&self, batch: i64, img: i64, txt: i64) -> ForwardFlops;
     fn uses_dropout(&self) -> bool;
+    fn weight_layouts(&self) -> Vec<Layout>;
+    fn external_source(&self, native: &str, layout: Layout) -> Option<Source>;
+    fn diffusers_config(&self) -> Result<serde_json::Value, String>;
     fn summary(&self) -> Vec<(&'static str, String)>;
     fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError>;
     fn to_table(&self) -> toml::Table;
@@ -120,6 +124,15 @@ impl<C: ModelConfig> AnyConfig for C {
     }
     fn uses_dropout(&self) -> bool {
         ModelConfig::uses_dropout(self)
+    }
+    fn weight_layouts(&self) -> Vec<Layout> {
+        ModelConfig::weight_layouts(self)
+    }
+    fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
+        ModelConfig::external_source(self, native, layout)
+    }
+    fn diffusers_config(&self) -> Result<serde_json::Value, String> {
+        ModelConfig::diffusers_config(self)
     }
     fn summary(&self) -> Vec<(&'static str, String)> {
         ModelConfig::summary(self)
@@ -238,6 +251,21 @@ impl ModelSpec {
     /// Whether training draws dropout masks.
     pub fn uses_dropout(&self) -> bool {
         self.0.uses_dropout()
+    }
+
+    /// The external weight layouts the model is imported from and exported to.
+    pub fn weight_layouts(&self) -> Vec<Layout> {
+        self.0.weight_layouts()
+    }
+
+    /// Where native parameter `native` lives in `layout`.
+    pub fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
+        self.0.external_source(native, layout)
+    }
+
+    /// diffusers' `config.json` for this model; the error says why there is none.
+    pub fn diffusers_config(&self) -> Result<serde_json::Value, String> {
+        self.0.diffusers_config()
     }
 
     /// `(label, value)` lines describing the shape.

@@ -4,6 +4,7 @@
 use tch::{Device, Tensor};
 
 use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::convert::{self, Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
 use crate::flux::flops;
@@ -46,6 +47,46 @@ impl ModelConfig for FluxConfig {
 
     fn uses_dropout(&self) -> bool {
         self.hidden_dropout > 0.0 || self.attention_dropout > 0.0
+    }
+
+    fn weight_layouts(&self) -> Vec<Layout> {
+        vec![Layout::Bfl, Layout::Diffusers]
+    }
+
+    fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
+        convert::source(native, layout, self)
+    }
+
+    /// Fails for configs diffusers' `FluxTransformer2DModel` cannot express.
+    fn diffusers_config(&self) -> Result<serde_json::Value, String> {
+        let fixed = [
+            (self.patch_size == 1, "model.patch_size must be 1"),
+            (
+                self.model_channels == 256,
+                "model.model_channels must be 256",
+            ),
+            (self.mlp_ratio == 4.0, "model.mlp_ratio must be 4"),
+            (self.theta == 10000.0, "model.theta must be 10000"),
+        ];
+        if let Some((_, why)) = fixed.iter().find(|(ok, _)| !ok) {
+            return Err(format!(
+                "diffusers' FluxTransformer2DModel cannot express this config: {why}"
+            ));
+        }
+        Ok(serde_json::json!({
+            "_class_name": "FluxTransformer2DModel",
+            "patch_size": 1,
+            "in_channels": self.in_channels,
+            "out_channels": self.in_channels,
+            "num_layers": self.num_joint_layers,
+            "num_single_layers": self.num_single_layers,
+            "attention_head_dim": self.head_dim(),
+            "num_attention_heads": self.num_attention_heads,
+            "joint_attention_dim": self.context_dim,
+            "pooled_projection_dim": self.vec_in_dim,
+            "guidance_embeds": self.guidance_embed,
+            "axes_dims_rope": self.axes_dim,
+        }))
     }
 
     fn summary(&self) -> Vec<(&'static str, String)> {

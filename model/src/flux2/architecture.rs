@@ -4,6 +4,8 @@
 use tch::{Device, Tensor};
 
 use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::convert::table::Combine;
+use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
 use crate::flux2::{Flux2, Flux2Config, Flux2Transformer};
 use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
@@ -81,6 +83,38 @@ impl ModelConfig for Flux2Config {
             width: self.hidden_size(),
             over: Rows::Tokens,
         }
+    }
+
+    fn weight_layouts(&self) -> Vec<Layout> {
+        vec![Layout::Diffusers]
+    }
+
+    /// Native names are diffusers' names.
+    fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
+        (layout == Layout::Diffusers).then(|| Source {
+            keys: vec![native.to_string()],
+            combine: Combine::Same,
+        })
+    }
+
+    fn diffusers_config(&self) -> Result<serde_json::Value, String> {
+        Ok(serde_json::json!({
+            "_class_name": "Flux2Transformer2DModel",
+            "patch_size": self.patch_size,
+            "in_channels": self.in_channels,
+            "out_channels": self.in_channels,
+            "num_layers": self.num_layers,
+            "num_single_layers": self.num_single_layers,
+            "attention_head_dim": self.attention_head_dim,
+            "num_attention_heads": self.num_attention_heads,
+            "joint_attention_dim": self.joint_attention_dim,
+            "timestep_guidance_channels": self.timestep_guidance_channels,
+            "mlp_ratio": self.mlp_ratio,
+            "axes_dims_rope": self.axes_dims_rope,
+            "rope_theta": self.rope_theta,
+            "eps": self.eps,
+            "guidance_embeds": self.guidance_embeds,
+        }))
     }
 
     fn summary(&self) -> Vec<(&'static str, String)> {
