@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{assert_same_records, flux_hpc, ok, records, temp_dir, train_config};
+use common::{
+    assert_same_records, first_and_last_eval, flux_hpc, ok, records, temp_dir, train_config,
+};
 use flux_train::RunConfig;
 use serde_json::Value;
 
@@ -57,11 +59,7 @@ fn dit_learns_samples_and_benches_and_its_checkpoint_refuses_a_flux_run() {
         &["training.total_steps=120", "training.eval_interval=0"],
     );
     ok(&out);
-    let rs = records(&dir);
-    let (first, last) = (
-        rs[0]["eval_loss"].as_f64().unwrap(),
-        rs.last().unwrap()["eval_loss"].as_f64().unwrap(),
-    );
+    let (first, last) = first_and_last_eval(&dir);
     assert!(last <= 0.7 * first, "held-out loss {first} → {last}");
     let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
     assert!(config.contains("architecture = \"dit\""), "{config}");

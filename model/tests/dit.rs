@@ -4,7 +4,7 @@
 use approx::assert_abs_diff_eq;
 use flux_model::dit::{sincos_2d, Dit, DitConfig, DitTransformer};
 use flux_model::tp::TpContext;
-use flux_model::{DiffusionBatch, ModelConfig, ModelSpec};
+use flux_model::{DiffusionBatch, ModelSpec};
 use tch::{Device, Kind, Tensor};
 
 fn config() -> DitConfig {
@@ -93,18 +93,9 @@ fn the_generic_forward_is_the_transformer_on_the_pooled_vector() {
 }
 
 #[test]
-fn the_flops_model_covers_every_weight_matrix() {
-    let c = config();
-    let matrices: f64 = c.weight_matrices().iter().map(|(w, _)| w).sum();
-    let layout: u64 = c
-        .param_specs(1)
-        .iter()
-        .filter(|s| s.shape.len() == 2)
-        .map(|s| s.numel())
-        .sum();
-    assert_eq!(matrices, layout as f64);
-    // DiT attends over image tokens only: 4·L²·D per block and sample.
-    let f = flux_model::architecture::forward_flops(&c, 1, 3, 7);
+fn dit_attends_over_image_tokens_only() {
+    // 4·L²·D per block and sample, L = 3 image tokens; the 7 text tokens do not count.
+    let f = flux_model::architecture::forward_flops(&config(), 1, 3, 7);
     assert_eq!(f.attention, 2.0 * 4.0 * 9.0 * 32.0);
 }
 

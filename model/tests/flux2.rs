@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use flux_model::convert;
 use flux_model::flux2::Flux2Config;
 use flux_model::tp::TpContext;
-use flux_model::{DiffusionBatch, ModelConfig, ModelSpec};
+use flux_model::{DiffusionBatch, ModelSpec};
 use tch::{Device, Tensor};
 
 const TOLERANCE: f64 = 1e-4;
@@ -75,14 +75,4 @@ fn flux2_dev_counts_what_diffusers_counts() {
     let mut table: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
     let model = table.remove("model").unwrap().as_table().unwrap().clone();
     assert_eq!(ModelSpec::from_table(model).unwrap().num_params(), expected);
-    // Every weight matrix is counted once by the FLOPs model.
-    let c = Flux2Config::default();
-    let matrices: f64 = c.weight_matrices().iter().map(|(w, _)| w).sum();
-    let layout: u64 = c
-        .param_specs(1)
-        .iter()
-        .filter(|s| s.shape.len() == 2)
-        .map(|s| s.numel())
-        .sum();
-    assert_eq!(matrices, layout as f64);
 }

@@ -70,6 +70,13 @@ pub fn train_command_for(config: &str, np: Option<usize>, dir: &Path, extra: &[&
     cmd
 }
 
+/// The held-out losses of a run's first and last metrics records.
+pub fn first_and_last_eval(dir: &Path) -> (f64, f64) {
+    let rs = records(dir);
+    let eval = |r: &Value| r["eval_loss"].as_f64().expect("an evaluated record");
+    (eval(&rs[0]), eval(rs.last().expect("records")))
+}
+
 /// `flux-hpc ARGS` run from the repository root.
 pub fn flux_hpc(args: &[&str]) -> Output {
     flux_hpc_with(args, &[])
