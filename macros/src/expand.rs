@@ -1,4 +1,5 @@
-//! Code generation: `new`, `param_specs` and `num_params` for a `#[diffusion_block]` struct.
+//! Code generation: the `flux_model::Block` impl (`new`, `param_specs`) of a `#[diffusion_block]`
+//! struct, generics included, and the check that it has a `forward`.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -127,17 +128,17 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
             let cfg = module_config(&attr.config);
             match &attr.when {
                 None => (
-                    quote!(#ty::new(&#path, #cfg, tp)),
-                    quote!(specs.extend(#ty::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));),
+                    quote!(<#ty as ::flux_model::Block>::new(&#path, #cfg, tp)),
+                    quote!(specs.extend(<#ty as ::flux_model::Block>::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));),
                 ),
                 Some(when) => {
                     let inner = inner_type(ty)
                         .ok_or_else(|| Error::new_spanned(ty, "expected `Option<Block>`"))?;
                     (
-                        quote!((#when).then(|| #inner::new(&#path, #cfg, tp))),
+                        quote!((#when).then(|| <#inner as ::flux_model::Block>::new(&#path, #cfg, tp))),
                         quote! {
                             if #when {
-                                specs.extend(#inner::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));
+                                specs.extend(<#inner as ::flux_model::Block>::param_specs(&::flux_model::tp::join_name(prefix, #name), #cfg, tp_size));
                             }
                         },
                     )
@@ -160,13 +161,13 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
                 quote! {{
                     let layers = #path;
                     let start = #start;
-                    (start..start + #count).map(|i| #inner::new(&layers.sub(i.to_string()), #cfg, tp)).collect()
+                    (start..start + #count).map(|i| <#inner as ::flux_model::Block>::new(&layers.sub(i.to_string()), #cfg, tp)).collect()
                 }},
                 quote! {
                     let start = #start;
                     for i in start..start + #count {
                         let layer = ::flux_model::tp::join_name(prefix, &format!("{}.{i}", #name));
-                        specs.extend(#inner::param_specs(&layer, #cfg, tp_size));
+                        specs.extend(<#inner as ::flux_model::Block>::param_specs(&layer, #cfg, tp_size));
                     }
                 },
             )
@@ -195,7 +196,8 @@ pub fn expand(args: BlockArgs, mut item: ItemStruct) -> Result<TokenStream> {
             .retain(|a| !FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)));
     }
 
-    let (ident, vis, config) = (&item.ident, &item.vis, &args.config);
+    let (ident, config) = (&item.ident, &args.config);
+    let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
     let mut inits = Vec::new();
     let mut specs = Vec::new();
     for field in &fields {
@@ -205,34 +207,25 @@ pub fn expand(args: BlockArgs, mut item: ItemStruct) -> Result<TokenStream> {
         specs.push(spec);
     }
     let requires_forward = quote_spanned!(ident.span()=> let _ = Self::forward;);
-    let block = ident.to_string();
 
     Ok(quote! {
         #item
 
-        impl #ident {
-            #[doc = concat!("Create the parameters of a `", #block, "` below `p` for `config`: each rank")]
-            /// allocates only its shard of the tensor-parallel group `tp`, initialised as the matching
-            /// slice of the full (logical) tensor, so every group size starts from the same weights.
-            #vis fn new(p: &::tch::nn::Path<'_>, config: &#config, tp: &::flux_model::tp::TpContext) -> Self {
+        impl #impl_generics ::flux_model::Block for #ident #ty_generics #where_clause {
+            type Config = #config;
+
+            fn new(p: &::tch::nn::Path<'_>, config: &#config, tp: &::flux_model::tp::TpContext) -> Self {
                 Self { #(#inits),* }
             }
 
-            #[doc = concat!("Every parameter of a `", #block, "` below `prefix`: logical name and shape, and how")]
-            /// it is split over a tensor-parallel group of `tp_size` ranks (what checkpoints save,
-            /// gather and reshard).
-            #vis fn param_specs(prefix: &str, config: &#config, tp_size: i64) -> ::std::vec::Vec<::flux_model::tp::ParamSpec> {
+            fn param_specs(prefix: &str, config: &#config, tp_size: i64) -> ::std::vec::Vec<::flux_model::tp::ParamSpec> {
                 let mut specs = ::std::vec::Vec::new();
                 #(#specs)*
                 specs
             }
+        }
 
-            #[doc = concat!("Number of parameters of a `", #block, "` for `config`, the same for every")]
-            /// tensor-parallel size.
-            #vis fn num_params(config: &#config) -> u64 {
-                Self::param_specs("", config, 1).iter().map(::flux_model::tp::ParamSpec::numel).sum()
-            }
-
+        impl #impl_generics #ident #ty_generics #where_clause {
             #[doc(hidden)]
             #[allow(dead_code)]
             fn __diffusion_block_requires_forward() {

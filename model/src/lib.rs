@@ -22,6 +22,7 @@ extern crate self as flux_model;
 
 pub mod architecture;
 pub mod attention;
+mod block;
 pub mod blocks;
 mod config_error;
 pub mod convert;
@@ -40,6 +41,7 @@ mod widths;
 pub use architecture::{
     DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig, ModelSpec, ARCHITECTURES,
 };
+pub use block::Block;
 pub use config_error::ConfigError;
 pub use flux::{Flux, FluxBatch, FluxConfig, FluxInput, FluxTransformer};
 pub use prediction::{per_sample, Prediction};

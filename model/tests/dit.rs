@@ -4,7 +4,7 @@
 use approx::assert_abs_diff_eq;
 use flux_model::dit::{sincos_2d, Dit, DitConfig, DitTransformer};
 use flux_model::tp::TpContext;
-use flux_model::{DiffusionBatch, ModelSpec};
+use flux_model::{Block, DiffusionBatch, ModelSpec};
 use tch::{Device, Kind, Tensor};
 
 fn config() -> DitConfig {

@@ -77,8 +77,8 @@ fn parts_that_do_not_tile_the_dimension_are_rejected() {
 #[test]
 fn flux_specs_are_sharded_like_megatron_and_count_the_same_at_any_tp() {
     let config = FluxConfig::flux_535m();
-    let tp1 = flux_model::FluxTransformer::param_specs("", &config, 1);
-    let tp8 = flux_model::FluxTransformer::param_specs("", &config, 8);
+    let tp1 = <flux_model::FluxTransformer as flux_model::Block>::param_specs("", &config, 1);
+    let tp8 = <flux_model::FluxTransformer as flux_model::Block>::param_specs("", &config, 8);
     let total = |s: &[ParamSpec]| s.iter().map(ParamSpec::numel).sum::<u64>();
     assert_eq!(total(&tp1), total(&tp8));
     let find = |name: &str| tp8.iter().find(|s| s.name == name).unwrap().clone();
