@@ -8,10 +8,12 @@
 //!                                          │ FLOPs, summary              │ forward(DiffusionBatch)
 //! ```
 
+mod built;
 mod inputs;
 mod model;
 mod registry;
 
+pub use built::{Built, RootBlock};
 pub(crate) use inputs::expect_shape;
 pub use inputs::{DiffusionBatch, InputError, InputSpec};
 pub use model::{forward_flops, DiffusionModel, ModelConfig};

@@ -7,11 +7,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::architecture::{DiffusionBatch, InputError, InputSpec};
+use crate::architecture::{Built, DiffusionBatch, InputError, InputSpec, RootBlock};
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, ForwardFlops, Rows};
 use crate::tp::{ParamSpec, ShardedStore, TpContext};
-use crate::ConfigError;
+use crate::{Block, ConfigError};
 
 /// One rank's built model, whatever its architecture: its parameters and its forward pass.
 pub trait DiffusionModel: Debug {
@@ -46,6 +46,9 @@ pub trait DiffusionModel: Debug {
 pub trait ModelConfig:
     Serialize + DeserializeOwned + Clone + PartialEq + Debug + Send + Sync + 'static
 {
+    /// The root block the config builds.
+    type Root: RootBlock<Config = Self> + 'static;
+
     /// The name `[model] architecture` selects it by.
     const NAME: &'static str;
 
@@ -62,8 +65,11 @@ pub trait ModelConfig:
     /// The inputs the model takes.
     fn inputs(&self) -> InputSpec;
 
-    /// Every parameter's logical name, shape and split for a group of `tp_size` ranks.
-    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec>;
+    /// Every parameter's logical name, shape and split for a group of `tp_size` ranks: the root
+    /// block's specs.
+    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
+        Self::Root::param_specs("", self, tp_size)
+    }
 
     /// Every weight matrix as `(in · out, rows it is applied to)`, each 2-D parameter once.
     fn weight_matrices(&self) -> Vec<(f64, Rows)>;
@@ -99,9 +105,14 @@ pub trait ModelConfig:
     /// `(label, value)` lines describing the shape, for `flux-hpc info`.
     fn summary(&self) -> Vec<(&'static str, String)>;
 
-    /// This rank's shards of the model for the tensor-parallel group `tp`, on `device` in f32,
-    /// initialised from libtorch's global generator (the same weights for every group size).
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError>;
+    /// Validate and build this rank's shards of the model for the tensor-parallel group `tp`, on
+    /// `device` in f32, initialised from libtorch's global generator (the same weights for every
+    /// group size).
+    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        self.validate()?;
+        self.check_tp_size(tp.size())?;
+        Ok(Box::new(Built::<Self::Root>::build(self, device, tp)?))
+    }
 }
 
 /// Forward FLOPs of `config`'s model on `batch` samples of `img` image and `txt` text tokens.

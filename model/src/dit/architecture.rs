@@ -1,15 +1,16 @@
 //! DiT as an architecture: what its config tells the rest of flux-hpc, and its forward pass on a
 //! model-agnostic batch (latents, σ, a pooled conditioning vector).
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
-use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
-use crate::dit::{Dit, DitConfig, DitTransformer};
+use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
+use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
-use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
+use crate::tp::check_tp_size;
 use crate::ConfigError;
 
 impl ModelConfig for DitConfig {
+    type Root = DitTransformer;
     const NAME: &'static str = "dit";
     const ABOUT: &'static str = "DiT with adaLN-Zero blocks, conditioned on a pooled vector";
 
@@ -29,10 +30,6 @@ impl ModelConfig for DitConfig {
             pooled_dim: Some(self.cond_dim),
             guidance: None,
         }
-    }
-
-    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
-        DitTransformer::param_specs("", self, tp_size)
     }
 
     fn weight_matrices(&self) -> Vec<(f64, Rows)> {
@@ -85,33 +82,19 @@ impl ModelConfig for DitConfig {
             ("conditioning", format!("pooled {}", self.cond_dim)),
         ]
     }
-
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        Ok(Box::new(Dit::new_parallel(self, device, tp)?))
-    }
 }
 
-impl DiffusionModel for Dit {
-    fn store(&self) -> &ShardedStore {
-        &self.store
-    }
-
-    fn store_mut(&mut self) -> &mut ShardedStore {
-        &mut self.store
-    }
-
-    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        ModelConfig::inputs(self.transformer.config()).check(batch)?;
+impl RootBlock for DitTransformer {
+    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        self.config().inputs().check(batch)?;
         let pooled = batch
             .pooled
             .as_ref()
             .expect("InputSpec::check requires the pooled vector");
-        Ok(self
-            .transformer
-            .forward_t(&batch.latents, &batch.timesteps, pooled, train))
+        Ok(self.forward_t(&batch.latents, &batch.timesteps, pooled, train))
     }
 
     fn set_recompute(&self, on: bool) {
-        self.transformer.set_recompute(on);
+        DitTransformer::set_recompute(self, on);
     }
 }

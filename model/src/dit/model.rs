@@ -6,12 +6,13 @@ use std::cell::Cell;
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
+use crate::architecture::{Built, ModelConfig};
 use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
-use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
+use crate::tp::{Linear, TpContext};
 use crate::ConfigError;
 
 /// DiT's module tree (`x_embedder`, `t_embedder`, `y_embedder`, `blocks.{i}`, `final_layer`).
@@ -94,15 +95,9 @@ impl DitTransformer {
 }
 
 /// A DiT with its weights on this rank.
-#[derive(Debug)]
-pub struct Dit {
-    /// This rank's parameters.
-    pub store: ShardedStore,
-    /// The modules.
-    pub transformer: DitTransformer,
-}
+pub type Dit = Built<DitTransformer>;
 
-impl Dit {
+impl Built<DitTransformer> {
     /// Validate `config` and build this rank's shards for the group `tp` on `device`.
     pub fn new_parallel(
         config: &DitConfig,
@@ -110,15 +105,7 @@ impl Dit {
         tp: TpContext,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        check_tp_size(
-            config.num_attention_heads,
-            config.widths().mlp_hidden(),
-            tp.size(),
-        )?;
-        let specs = DitTransformer::param_specs("", config, tp.size() as i64);
-        let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
-            DitTransformer::new(root, config, tp)
-        })?;
-        Ok(Self { store, transformer })
+        ModelConfig::check_tp_size(config, tp.size())?;
+        Self::build(config, device, tp)
     }
 }

@@ -1,17 +1,18 @@
 //! FLUX.1 as an architecture: what its config tells the rest of flux-hpc, and its forward pass on
 //! a model-agnostic batch.
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
-use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
 use crate::convert::{self, Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
 use crate::flux::flops;
-use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
-use crate::{ConfigError, Flux, FluxConfig, FluxInput, FluxTransformer};
+use crate::tp::check_tp_size;
+use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer};
 
 impl ModelConfig for FluxConfig {
+    type Root = FluxTransformer;
     const NAME: &'static str = "flux";
     const ABOUT: &'static str = "FLUX.1 MMDiT, joint and single layers";
 
@@ -31,10 +32,6 @@ impl ModelConfig for FluxConfig {
             pooled_dim: Some(self.vec_in_dim),
             guidance: self.guidance_embed.then_some(self.guidance_scale),
         }
-    }
-
-    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
-        FluxTransformer::param_specs("", self, tp_size)
     }
 
     fn weight_matrices(&self) -> Vec<(f64, Rows)> {
@@ -116,25 +113,12 @@ impl ModelConfig for FluxConfig {
             ),
         ]
     }
-
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        Ok(Box::new(Flux::new_parallel(self, device, tp)?))
-    }
 }
 
-impl DiffusionModel for Flux {
-    fn store(&self) -> &ShardedStore {
-        &self.store
-    }
-
-    fn store_mut(&mut self) -> &mut ShardedStore {
-        &mut self.store
-    }
-
+impl RootBlock for FluxTransformer {
     /// Image positions from the latent grid, text positions zero (FLUX.1).
-    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        let config = self.config();
-        let (rows, cols) = config.inputs().check(batch)?;
+    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        let (rows, cols) = self.config().inputs().check(batch)?;
         let (text, pooled) = match (&batch.text, &batch.pooled) {
             (Some(text), Some(pooled)) => (text, pooled),
             _ => unreachable!("InputSpec::check requires both"),
@@ -151,10 +135,10 @@ impl DiffusionModel for Flux {
             txt_ids: &txt_ids,
             guidance: batch.guidance.as_ref(),
         };
-        self.transformer.forward(&input, train)
+        self.forward(&input, train)
     }
 
     fn set_recompute(&self, on: bool) {
-        self.transformer.set_recompute(on);
+        FluxTransformer::set_recompute(self, on);
     }
 }

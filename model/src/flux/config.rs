@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::tp::ParamSpec;
 use crate::widths::{positive_width, MAX_LAYERS};
 use crate::Widths;
-use crate::{ConfigError, FluxTransformer};
+use crate::{Block, ConfigError, FluxTransformer};
 
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
 ///

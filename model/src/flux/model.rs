@@ -5,12 +5,13 @@ use std::cell::Cell;
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
+use crate::architecture::{Built, ModelConfig};
 use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
-use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
+use crate::tp::{Linear, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
 /// Flux's module tree. State-dict names: `x_embedder`, `context_embedder`, `time_embedder`,
@@ -57,6 +58,11 @@ pub struct FluxTransformer {
 }
 
 impl FluxTransformer {
+    /// The model's configuration.
+    pub fn config(&self) -> &FluxConfig {
+        &self.config
+    }
+
     /// Recompute each layer's activations in the backward pass instead of keeping them
     /// (training forward passes only; layers must be deterministic, i.e. no dropout).
     pub fn set_recompute(&self, on: bool) {
@@ -121,15 +127,9 @@ impl FluxTransformer {
 }
 
 /// A Flux model with its weights: this rank's parameter store and the module tree using it.
-#[derive(Debug)]
-pub struct Flux {
-    /// This rank's parameters (local shards), their specs and the tensor-parallel group.
-    pub store: ShardedStore,
-    /// The modules.
-    pub transformer: FluxTransformer,
-}
+pub type Flux = Built<FluxTransformer>;
 
-impl Flux {
+impl Built<FluxTransformer> {
     /// Validate `config` and allocate a freshly initialised single-rank model on `device` (f32).
     pub fn new(config: &FluxConfig, device: Device) -> Result<Self, ConfigError> {
         Self::new_parallel(config, device, TpContext::single())
@@ -143,22 +143,13 @@ impl Flux {
         tp: TpContext,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        check_tp_size(config.num_attention_heads, config.mlp_hidden(), tp.size())?;
-        let specs = FluxTransformer::param_specs("", config, tp.size() as i64);
-        let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
-            FluxTransformer::new(root, config, tp)
-        })?;
-        Ok(Self { store, transformer })
+        ModelConfig::check_tp_size(config, tp.size())?;
+        Self::build(config, device, tp)
     }
 
     /// The model's configuration.
     pub fn config(&self) -> &FluxConfig {
-        &self.transformer.config
-    }
-
-    /// Number of parameters held on this rank: all, or only those that require gradients.
-    pub fn get_num_params(&self, trainable_only: bool) -> u64 {
-        self.store.num_local_params(trainable_only)
+        self.transformer.config()
     }
 
     /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).

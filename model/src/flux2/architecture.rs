@@ -1,17 +1,18 @@
 //! FLUX.2 as an architecture: what its config tells the rest of flux-hpc, and its forward pass on
 //! a model-agnostic batch (latents, σ, text states, guidance; no pooled vector).
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
-use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig};
+use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
 use crate::convert::table::Combine;
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
-use crate::flux2::{Flux2, Flux2Config, Flux2Transformer};
-use crate::tp::{check_tp_size, ParamSpec, ShardedStore, TpContext};
+use crate::flux2::{Flux2Config, Flux2Transformer};
+use crate::tp::check_tp_size;
 use crate::ConfigError;
 
 impl ModelConfig for Flux2Config {
+    type Root = Flux2Transformer;
     const NAME: &'static str = "flux2";
     const ABOUT: &'static str = "FLUX.2 MMDiT: shared modulation, SwiGLU, 4-axis RoPE, no biases";
 
@@ -31,10 +32,6 @@ impl ModelConfig for Flux2Config {
             pooled_dim: None,
             guidance: self.guidance_embeds.then_some(self.guidance_scale),
         }
-    }
-
-    fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec> {
-        Flux2Transformer::param_specs("", self, tp_size)
     }
 
     fn weight_matrices(&self) -> Vec<(f64, Rows)> {
@@ -145,28 +142,16 @@ impl ModelConfig for Flux2Config {
             ),
         ]
     }
-
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        Ok(Box::new(Flux2::new_parallel(self, device, tp)?))
-    }
 }
 
-impl DiffusionModel for Flux2 {
-    fn store(&self) -> &ShardedStore {
-        &self.store
-    }
-
-    fn store_mut(&mut self) -> &mut ShardedStore {
-        &mut self.store
-    }
-
-    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        ModelConfig::inputs(self.transformer.config()).check(batch)?;
+impl RootBlock for Flux2Transformer {
+    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        self.config().inputs().check(batch)?;
         let text = batch
             .text
             .as_ref()
             .expect("InputSpec::check requires the text states");
-        Ok(self.transformer.forward(
+        Ok(self.forward(
             &batch.latents,
             text,
             &batch.timesteps,
@@ -176,6 +161,6 @@ impl DiffusionModel for Flux2 {
     }
 
     fn set_recompute(&self, on: bool) {
-        self.transformer.set_recompute(on);
+        Flux2Transformer::set_recompute(self, on);
     }
 }

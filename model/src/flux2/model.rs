@@ -6,13 +6,13 @@ use std::cell::Cell;
 use flux_macros::diffusion_block;
 use tch::{Device, Kind, Tensor};
 
+use crate::architecture::Built;
 use crate::embeddings::{EmbedNd, EmbedderDims, TimeStepEmbedder};
 use crate::flux2::{Flux2Config, Flux2SingleTransformerBlock, Flux2TransformerBlock};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
-use crate::tp::{check_tp_size, Linear, ShardedStore, TpContext};
-use crate::ConfigError;
+use crate::tp::Linear;
 
 /// Timestep and guidance embedders (`time_guidance_embed`), bias-free.
 #[diffusion_block(config = Flux2Config)]
@@ -189,27 +189,4 @@ impl Flux2Transformer {
 }
 
 /// A FLUX.2 model with its weights on this rank.
-#[derive(Debug)]
-pub struct Flux2 {
-    /// This rank's parameters.
-    pub store: ShardedStore,
-    /// The modules.
-    pub transformer: Flux2Transformer,
-}
-
-impl Flux2 {
-    /// Validate `config` and build this rank's shards for the group `tp` on `device` (f32).
-    pub fn new_parallel(
-        config: &Flux2Config,
-        device: Device,
-        tp: TpContext,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        check_tp_size(config.num_attention_heads, config.mlp_hidden(), tp.size())?;
-        let specs = Flux2Transformer::param_specs("", config, tp.size() as i64);
-        let (store, transformer) = ShardedStore::build(device, tp, specs, |root, tp| {
-            Flux2Transformer::new(root, config, tp)
-        })?;
-        Ok(Self { store, transformer })
-    }
-}
+pub type Flux2 = Built<Flux2Transformer>;

@@ -1,0 +1,63 @@
+//! `Built<T>`: a model on one rank — the `ShardedStore` of its shards and its root block `T` —
+//! and `RootBlock`, what a root block adds to a [`Block`] so that `Built<T>` is a
+//! [`DiffusionModel`].
+
+use tch::{Device, Tensor};
+
+use crate::architecture::{DiffusionBatch, DiffusionModel, InputError};
+use crate::tp::{ShardedStore, TpContext};
+use crate::{Block, ConfigError};
+
+/// The root block of an architecture (`FluxTransformer`, `DitTransformer`, …).
+pub trait RootBlock: Block + std::fmt::Debug {
+    /// The prediction `[B, C, H, W]` for `batch` (checked against the model's inputs); `train`
+    /// enables dropout and recomputation.
+    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError>;
+
+    /// Recompute each layer's activations in the backward pass (training forward passes only).
+    fn set_recompute(&self, on: bool);
+}
+
+/// A model with its weights on one rank: this rank's parameter store and the module tree using
+/// it.
+#[derive(Debug)]
+pub struct Built<T> {
+    /// This rank's parameters (local shards), their specs and the tensor-parallel group.
+    pub store: ShardedStore,
+    /// The modules.
+    pub transformer: T,
+}
+
+impl<T: Block> Built<T> {
+    /// This rank's shards of the group `tp` on `device` (f32), initialised from libtorch's global
+    /// generator. Fails, before allocating, when `tp` does not divide a split dimension.
+    pub fn build(config: &T::Config, device: Device, tp: TpContext) -> Result<Self, ConfigError> {
+        let specs = T::param_specs("", config, tp.size() as i64);
+        let (store, transformer) =
+            ShardedStore::build(device, tp, specs, |root, tp| T::new(root, config, tp))?;
+        Ok(Self { store, transformer })
+    }
+
+    /// Number of parameters held on this rank: all, or only those that require gradients.
+    pub fn get_num_params(&self, trainable_only: bool) -> u64 {
+        self.store.num_local_params(trainable_only)
+    }
+}
+
+impl<T: RootBlock> DiffusionModel for Built<T> {
+    fn store(&self) -> &ShardedStore {
+        &self.store
+    }
+
+    fn store_mut(&mut self) -> &mut ShardedStore {
+        &mut self.store
+    }
+
+    fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        self.transformer.forward_batch(batch, train)
+    }
+
+    fn set_recompute(&self, on: bool) {
+        self.transformer.set_recompute(on);
+    }
+}
