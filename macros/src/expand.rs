@@ -176,46 +176,89 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
     })
 }
 
-/// Expand `#[diffusion_block(config = C)] struct S { .. }`.
-pub fn expand(args: BlockArgs, mut item: ItemStruct) -> Result<TokenStream> {
-    let syn::Fields::Named(named) = &mut item.fields else {
-        return Err(Error::new_spanned(
-            &item.ident,
-            "#[diffusion_block] needs a struct with named fields",
-        ));
+/// Expand `#[diffusion_block(config = C)] struct S { .. }`: parse every field, run the
+/// cross-field checks, generate the `Block` impl. On any error the struct is still emitted
+/// (without the macro's attributes) next to every error found, so one mistake does not cascade
+/// into errors wherever the struct is used.
+pub fn expand(args: Result<BlockArgs>, mut item: ItemStruct) -> TokenStream {
+    let mut errors: Option<Error> = args.as_ref().err().cloned();
+    let fields = match &item.fields {
+        syn::Fields::Named(named) => {
+            let mut fields = Vec::new();
+            for field in &named.named {
+                match crate::attrs::parse_field(field) {
+                    Ok(f) => fields.push(f),
+                    Err(e) => push(&mut errors, e),
+                }
+            }
+            fields
+        }
+        _ => {
+            let e = Error::new_spanned(
+                &item.ident,
+                "#[diffusion_block] needs a struct with named fields",
+            );
+            push(&mut errors, e);
+            Vec::new()
+        }
     };
-    let fields = named
-        .named
-        .iter()
-        .map(crate::attrs::parse_field)
-        .collect::<Result<Vec<_>>>()?;
-    check_row_has_column(&fields)?;
-    for field in named.named.iter_mut() {
+    // Cross-field checks need every field: a field that failed to parse would look absent.
+    if errors.is_none() {
+        for e in crate::checks::check(&fields) {
+            push(&mut errors, e);
+        }
+    }
+    let mut code = Vec::new();
+    for field in &fields {
+        match field_code(field) {
+            Ok(c) => code.push(c),
+            Err(e) => push(&mut errors, e),
+        }
+    }
+    for field in item.fields.iter_mut() {
         field
             .attrs
             .retain(|a| !FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)));
     }
+    match (errors, args) {
+        (None, Ok(args)) => generate(&args, &item, &fields, code),
+        (Some(errors), _) => {
+            let errors = errors.into_compile_error();
+            quote!(#item #errors)
+        }
+        (None, Err(_)) => unreachable!("an argument error is collected"),
+    }
+}
 
+/// Add `e` to the errors found so far.
+fn push(errors: &mut Option<Error>, e: Error) {
+    match errors {
+        Some(all) => all.combine(e),
+        None => *errors = Some(e),
+    }
+}
+
+/// The struct and its `Block` impl, from the parsed fields and each field's `(init, specs)`.
+fn generate(
+    args: &BlockArgs,
+    item: &ItemStruct,
+    fields: &[BlockField],
+    code: Vec<(TokenStream, TokenStream)>,
+) -> TokenStream {
     let (ident, config) = (&item.ident, &args.config);
     let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
-    let mut inits = Vec::new();
-    let mut specs = Vec::new();
-    for field in &fields {
-        let (init, spec) = field_code(field)?;
-        let name = &field.ident;
-        inits.push(quote!(#name: #init));
-        specs.push(spec);
-    }
+    let names = fields.iter().map(|f| &f.ident);
+    let (inits, specs): (Vec<_>, Vec<_>) = code.into_iter().unzip();
     let requires_forward = quote_spanned!(ident.span()=> let _ = Self::forward;);
 
-    Ok(quote! {
+    quote! {
         #item
 
         impl #impl_generics ::flux_model::Block for #ident #ty_generics #where_clause {
             type Config = #config;
 
             fn new(p: &::tch::nn::Path<'_>, config: &#config, tp: &::flux_model::tp::TpContext) -> Self {
-                Self { #(#inits),* }
+                Self { #(#names: #inits),* }
             }
 
             fn param_specs(prefix: &str, config: &#config, tp_size: i64) -> ::std::vec::Vec<::flux_model::tp::ParamSpec> {
@@ -232,30 +275,5 @@ pub fn expand(args: BlockArgs, mut item: ItemStruct) -> Result<TokenStream> {
                 #requires_forward
             }
         }
-    })
-}
-
-/// A row-parallel linear consumes a sharded input; within one block that shard must come from a
-/// column-parallel linear.
-fn check_row_has_column(fields: &[BlockField]) -> Result<()> {
-    let linears = fields.iter().filter_map(|f| match &f.kind {
-        FieldKind::Linear(l) => Some(l),
-        _ => None,
-    });
-    let (mut rows, mut has_column) = (Vec::new(), false);
-    for l in linears {
-        match l.shard {
-            ShardKind::Row => rows.push(l.shard_span),
-            ShardKind::Column => has_column = true,
-            ShardKind::Replicated => {}
-        }
-    }
-    match rows.first() {
-        Some(span) if !has_column => Err(Error::new(
-            *span,
-            "row-parallel linear has no column-parallel producer in this block: its input would not be \
-             sharded. Add the `shard = column` linear that feeds it, or make this one `replicated`",
-        )),
-        _ => Ok(()),
     }
 }

@@ -26,8 +26,13 @@
 //! | `#[value(expr)]` | anything | a non-parameter field computed from `config` (and `tp`) |
 //!
 //! The block must also have a `forward` method; the macro checks that it exists.
+//!
+//! The macro implements `flux_model::Block` (generics included). It parses every field, then
+//! runs the cross-field checks (`checks`), then generates (`expand`); on errors it reports all of
+//! them at their spans and still emits the struct, so uses of it do not cascade into more errors.
 
 mod attrs;
+mod checks;
 mod expand;
 
 use proc_macro::TokenStream;
@@ -36,9 +41,6 @@ use syn::parse_macro_input;
 /// Declare a diffusion block; see the crate documentation for the attributes.
 #[proc_macro_attribute]
 pub fn diffusion_block(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let args = parse_macro_input!(attr as attrs::BlockArgs);
     let item = parse_macro_input!(item as syn::ItemStruct);
-    expand::expand(args, item)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    expand::expand(syn::parse(attr), item).into()
 }
