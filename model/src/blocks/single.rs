@@ -35,9 +35,6 @@ pub struct SingleBlock {
     #[norm(dim = config.head_dim(), eps = config.layernorm_epsilon, on_shards,
            name = "self_attention.k_layernorm")]
     pub k_layernorm: RmsNorm,
-    /// This rank's share of the `[q; k; v]` width: `3D / tp`.
-    #[value(3 * config.hidden_size / tp.size() as i64)]
-    local_qkv_width: i64,
     #[value(BlockOptions::from_config(config))]
     options: BlockOptions,
 }
@@ -48,14 +45,17 @@ impl SingleBlock {
         let o = &self.options;
         let [modulation] = adaln::<1>(&self.adaln, vec);
         let fused = self.linear_qkv_fc1.forward(&modulation.modulate(x, o.eps));
-        let mlp_width = fused.size()[2] - self.local_qkv_width;
-        let parts = fused.split_with_sizes([self.local_qkv_width, mlp_width], -1);
-        let qkv =
-            Qkv::from_fused(&parts[0], o.head_dim).normalized(&self.q_layernorm, &self.k_layernorm);
+        let [q, k, v, mlp]: [Tensor; 4] = self
+            .linear_qkv_fc1
+            .split_parts(&fused)
+            .try_into()
+            .expect("parts q, k, v, mlp");
+        let qkv = Qkv::from_separate(&q, &k, &v, o.head_dim)
+            .normalized(&self.q_layernorm, &self.k_layernorm);
         let attn = attention(&qkv, Some(rope), o.attention_dropout(train));
         let out = self
             .linear_proj_fc2
-            .forward(&Tensor::cat(&[attn, parts[1].gelu("tanh")], -1));
+            .forward(&Tensor::cat(&[attn, mlp.gelu("tanh")], -1));
         modulation.gated_residual(x, &dropout(out, o.hidden_dropout, train))
     }
 }

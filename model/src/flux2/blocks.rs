@@ -13,13 +13,6 @@ use crate::flux2::Flux2Config;
 use crate::layers::split_modulations;
 use crate::tp::{Linear, RmsNorm};
 
-/// `silu(gate) · value` over the two halves of the last dimension (`[gate; value]`); on a
-/// column-parallel shard the halves are this rank's slices of each.
-fn swiglu(x: &Tensor) -> Tensor {
-    let halves = x.chunk(2, -1);
-    halves[0].silu() * &halves[1]
-}
-
 /// SwiGLU feed-forward `D → [gate; value] (2M) → M → D`.
 #[diffusion_block(config = Flux2Config)]
 #[derive(Debug)]
@@ -34,9 +27,15 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
-    /// `x [B, L, D]` → `[B, L, D]`.
+    /// `x [B, L, D]` → `[B, L, D]`: `linear_out(silu(gate) · value)`; on a shard, this rank's
+    /// slices of both halves.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.linear_out.forward(&swiglu(&self.linear_in.forward(x)))
+        let [gate, value]: [Tensor; 2] = self
+            .linear_in
+            .split_parts(&self.linear_in.forward(x))
+            .try_into()
+            .expect("parts gate, value");
+        self.linear_out.forward(&(gate.silu() * value))
     }
 }
 
@@ -181,9 +180,6 @@ pub struct Flux2ParallelSelfAttention {
     #[linear(out = config.hidden_size(), shard = row, bias = false,
              parts = [attention = config.hidden_size(), mlp = config.mlp_hidden()])]
     pub to_out: Linear,
-    /// `3D / (3D + 2M)`: the attention share of the fused projection, the same on every shard.
-    #[value((3 * config.hidden_size()) as f64 / (3 * config.hidden_size() + 2 * config.mlp_hidden()) as f64)]
-    qkv_share: f64,
     #[value(config.attention_head_dim)]
     head_dim: i64,
 }
@@ -192,13 +188,16 @@ impl Flux2ParallelSelfAttention {
     /// Modulated `x [B, L, D]`, `rope` over `L` → `[B, L, D]`.
     pub fn forward(&self, x: &Tensor, rope: &Rope) -> Tensor {
         let fused = self.to_qkv_mlp_proj.forward(x);
-        let width = fused.size()[2];
-        let qkv_width = (width as f64 * self.qkv_share).round() as i64;
-        let parts = fused.split_with_sizes([qkv_width, width - qkv_width], -1);
-        let qkv = Qkv::from_fused(&parts[0], self.head_dim).normalized(&self.norm_q, &self.norm_k);
+        let [q, k, v, gate, value]: [Tensor; 5] = self
+            .to_qkv_mlp_proj
+            .split_parts(&fused)
+            .try_into()
+            .expect("parts q, k, v, gate, value");
+        let qkv =
+            Qkv::from_separate(&q, &k, &v, self.head_dim).normalized(&self.norm_q, &self.norm_k);
         let attended = attention(&qkv, Some(rope), 0.0);
         self.to_out
-            .forward(&Tensor::cat(&[attended, swiglu(&parts[1])], -1))
+            .forward(&Tensor::cat(&[attended, gate.silu() * value], -1))
     }
 }
 

@@ -97,6 +97,8 @@ pub struct Linear {
     /// Local bias: `[out]`, or `[out/tp]` when column-parallel.
     pub bias: Option<Tensor>,
     shard: Shard,
+    /// This rank's width of each named part of a column-parallel output (empty: no parts).
+    local_parts: Vec<i64>,
     tp: TpContext,
 }
 
@@ -117,10 +119,19 @@ impl Linear {
                 Tensor::zeros(s, (tch::Kind::Float, device))
             })
         });
+        let local_parts = match decl.shard {
+            Shard::Column => decl
+                .parts
+                .iter()
+                .map(|(_, size)| size / tp.size() as i64)
+                .collect(),
+            Shard::Replicated | Shard::Row => Vec::new(),
+        };
         Self {
             weight,
             bias,
             shard: decl.shard,
+            local_parts,
             tp: tp.clone(),
         }
     }
@@ -144,5 +155,16 @@ impl Linear {
                 }
             }
         }
+    }
+
+    /// This rank's slice of each named part of a column-parallel output `y [.., out/tp]`, in part
+    /// order (`[q, k, v, mlp]` of Flux's fused projection): the widths come from the layer, so
+    /// blocks never compute `size / tp` themselves.
+    pub fn split_parts(&self, y: &Tensor) -> Vec<Tensor> {
+        assert!(
+            !self.local_parts.is_empty(),
+            "split_parts needs a column-parallel linear with named parts"
+        );
+        y.split_with_sizes(self.local_parts.as_slice(), -1)
     }
 }
