@@ -4,7 +4,7 @@
 
 use tch::{Device, Tensor};
 
-use crate::architecture::{DiffusionBatch, DiffusionModel, InputError};
+use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, ModelConfig};
 use crate::tp::{ShardedStore, TpContext};
 use crate::{Block, ConfigError};
 
@@ -36,6 +36,22 @@ impl<T: Block> Built<T> {
         let (store, transformer) =
             ShardedStore::build(device, tp, specs, |root, tp| T::new(root, config, tp))?;
         Ok(Self { store, transformer })
+    }
+
+    /// Validate `config` and build this rank's shards of the group `tp` (the model's TP rule
+    /// checked first). The weights equal the matching slices of a single-rank model built from
+    /// the same seed.
+    pub fn new_parallel(
+        config: &T::Config,
+        device: Device,
+        tp: TpContext,
+    ) -> Result<Self, ConfigError>
+    where
+        T::Config: ModelConfig,
+    {
+        config.validate()?;
+        config.check_tp_size(tp.size())?;
+        Self::build(config, device, tp)
     }
 
     /// Number of parameters held on this rank: all, or only those that require gradients.

@@ -109,9 +109,9 @@ pub trait ModelConfig:
     /// `device` in f32, initialised from libtorch's global generator (the same weights for every
     /// group size).
     fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        self.validate()?;
-        self.check_tp_size(tp.size())?;
-        Ok(Box::new(Built::<Self::Root>::build(self, device, tp)?))
+        Ok(Box::new(Built::<Self::Root>::new_parallel(
+            self, device, tp,
+        )?))
     }
 }
 

@@ -4,16 +4,15 @@
 use std::cell::Cell;
 
 use flux_macros::diffusion_block;
-use tch::{Device, Tensor};
+use tch::Tensor;
 
-use crate::architecture::{Built, ModelConfig};
+use crate::architecture::Built;
 use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::recompute::recompute;
-use crate::tp::{Linear, TpContext};
-use crate::ConfigError;
+use crate::tp::Linear;
 
 /// DiT's module tree (`x_embedder`, `t_embedder`, `y_embedder`, `blocks.{i}`, `final_layer`).
 #[diffusion_block(config = DitConfig)]
@@ -96,16 +95,3 @@ impl DitTransformer {
 
 /// A DiT with its weights on this rank.
 pub type Dit = Built<DitTransformer>;
-
-impl Built<DitTransformer> {
-    /// Validate `config` and build this rank's shards for the group `tp` on `device`.
-    pub fn new_parallel(
-        config: &DitConfig,
-        device: Device,
-        tp: TpContext,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        ModelConfig::check_tp_size(config, tp.size())?;
-        Self::build(config, device, tp)
-    }
-}

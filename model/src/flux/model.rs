@@ -5,7 +5,7 @@ use std::cell::Cell;
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
-use crate::architecture::{Built, ModelConfig};
+use crate::architecture::Built;
 use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
@@ -133,18 +133,6 @@ impl Built<FluxTransformer> {
     /// Validate `config` and allocate a freshly initialised single-rank model on `device` (f32).
     pub fn new(config: &FluxConfig, device: Device) -> Result<Self, ConfigError> {
         Self::new_parallel(config, device, TpContext::single())
-    }
-
-    /// As [`Flux::new`], holding this rank's shards of the tensor-parallel group `tp`. The weights
-    /// equal the matching slices of a single-rank model built from the same seed.
-    pub fn new_parallel(
-        config: &FluxConfig,
-        device: Device,
-        tp: TpContext,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        ModelConfig::check_tp_size(config, tp.size())?;
-        Self::build(config, device, tp)
     }
 
     /// The model's configuration.
