@@ -5,16 +5,13 @@
 mod common;
 
 use common::{
-    assert_same_records, first_and_last_eval, flux_hpc, ok, records, temp_dir, train_config,
+    assert_same_records, assert_samples_beat_the_data, first_and_last_eval, flux_hpc, ok, records,
+    temp_dir, train_config,
 };
 use flux_train::RunConfig;
 use serde_json::Value;
 
 const DIT: &str = "configs/dit_tiny.toml";
-
-fn set_dir(dir: &std::path::Path) -> String {
-    format!("checkpoint.dir=\"{}\"", dir.display())
-}
 
 #[test]
 fn dit_on_tp2_by_dp2_with_a_resume_matches_one_process() {
@@ -65,24 +62,7 @@ fn dit_learns_samples_and_benches_and_its_checkpoint_refuses_a_flux_run() {
     assert!(config.contains("architecture = \"dit\""), "{config}");
 
     // The trained weights sample latents closer to the data than the data's own spread.
-    let sample = flux_hpc(&[
-        "sample",
-        DIT,
-        "--device",
-        "cpu",
-        "--steps",
-        "16",
-        "--set",
-        &set_dir(&dir),
-    ]);
-    ok(&sample);
-    let text = String::from_utf8_lossy(&sample.stdout);
-    let line = text.lines().find(|l| l.starts_with("mse vs data")).unwrap();
-    let nums: Vec<f64> = line
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    assert!(nums[0] < nums[1], "{line}");
+    assert_samples_beat_the_data(DIT, &dir);
 
     // bench counts the DiT's FLOPs: image tokens only, no text.
     let bench = flux_hpc(&[

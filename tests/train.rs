@@ -2,9 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{assert_same_records, ok, records, temp_dir, train};
+use common::{assert_same_records, assert_samples_beat_the_data, ok, records, temp_dir, train};
 
 #[test]
 fn two_data_parallel_ranks_reproduce_one_process() {
@@ -62,28 +60,7 @@ fn training_on_two_ranks_lowers_the_held_out_loss_by_a_third() {
     assert!(stdout.contains("held-out loss"), "{stdout}");
 
     // The trained weights sample latents closer to the data than the data's own spread.
-    let sample = Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
-        .args([
-            "sample",
-            "configs/flux_tiny.toml",
-            "--device",
-            "cpu",
-            "--steps",
-            "16",
-            "--set",
-        ])
-        .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    ok(&sample);
-    let text = String::from_utf8_lossy(&sample.stdout);
-    let line = text.lines().find(|l| l.starts_with("mse vs data")).unwrap();
-    let nums: Vec<f64> = line
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    assert!(nums[0] < nums[1], "{line}");
+    assert_samples_beat_the_data("configs/flux_tiny.toml", &dir);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -77,6 +77,23 @@ pub fn first_and_last_eval(dir: &Path) -> (f64, f64) {
     (eval(&rs[0]), eval(rs.last().expect("records")))
 }
 
+/// `flux-hpc sample CONFIG` from the weights trained into `dir` (16 Euler steps) must land closer
+/// to the data's latents than the data's own spread.
+pub fn assert_samples_beat_the_data(config: &str, dir: &Path) {
+    let set_dir = format!("checkpoint.dir=\"{}\"", dir.display());
+    let sample = flux_hpc(&[
+        "sample", config, "--device", "cpu", "--steps", "16", "--set", &set_dir,
+    ]);
+    ok(&sample);
+    let text = String::from_utf8_lossy(&sample.stdout);
+    let line = text.lines().find(|l| l.starts_with("mse vs data")).unwrap();
+    let nums: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    assert!(nums[0] < nums[1], "{line}");
+}
+
 /// `flux-hpc ARGS` run from the repository root.
 pub fn flux_hpc(args: &[&str]) -> Output {
     flux_hpc_with(args, &[])
