@@ -6,11 +6,26 @@ use std::collections::HashMap;
 
 use common::tiny_config;
 use flux_model::convert::{self, Layout, LoadError};
-use flux_model::{Flux, FluxConfig};
+use flux_model::{Flux, FluxConfig, ModelSpec};
 use tch::{Device, Tensor};
 
+fn spec(model: &Flux) -> ModelSpec {
+    ModelSpec::new(model.config().clone())
+}
+
 fn exported(model: &Flux, layout: Layout) -> HashMap<String, Tensor> {
-    convert::export(model, layout).into_iter().collect()
+    convert::export(&model.store, &spec(model), layout)
+        .into_iter()
+        .collect()
+}
+
+fn load_into(
+    target: &mut Flux,
+    tensors: &HashMap<String, Tensor>,
+    layout: Layout,
+) -> Result<(), LoadError> {
+    let model = spec(target);
+    convert::load_into(&mut target.store, &model, tensors, layout)
 }
 
 #[test]
@@ -22,7 +37,7 @@ fn export_then_load_reproduces_every_weight_in_both_layouts() {
         };
         let source = Flux::new(&config, Device::Cpu).unwrap();
         let mut target = Flux::new(&config, Device::Cpu).unwrap();
-        convert::load_into(&mut target, &exported(&source, layout), layout).unwrap();
+        load_into(&mut target, &exported(&source, layout), layout).unwrap();
         let target_vars = target.store.vs.variables();
         for (name, value) in source.store.vs.variables() {
             assert!(
@@ -70,7 +85,7 @@ fn missing_and_unused_tensors_are_reported() {
     let mut tensors = exported(&source, Layout::Diffusers);
     tensors.remove("transformer_blocks.0.attn.to_k.weight");
     let mut target = Flux::new(&config, Device::Cpu).unwrap();
-    let err = convert::load_into(&mut target, &tensors, Layout::Diffusers).unwrap_err();
+    let err = load_into(&mut target, &tensors, Layout::Diffusers).unwrap_err();
     assert!(
         matches!(&err, LoadError::Missing { key, .. } if key == "transformer_blocks.0.attn.to_k.weight"),
         "{err}"
@@ -85,8 +100,7 @@ fn missing_and_unused_tensors_are_reported() {
         Device::Cpu,
     )
     .unwrap();
-    let err =
-        convert::load_into(&mut target, &exported(&guided, Layout::Bfl), Layout::Bfl).unwrap_err();
+    let err = load_into(&mut target, &exported(&guided, Layout::Bfl), Layout::Bfl).unwrap_err();
     match err {
         LoadError::Unused(keys) => assert!(
             keys.iter().all(|k| k.starts_with("guidance_in.")),
@@ -107,8 +121,7 @@ fn wrong_shapes_are_reported_with_the_native_name() {
         Device::Cpu,
     )
     .unwrap();
-    let err =
-        convert::load_into(&mut wider, &exported(&small, Layout::Bfl), Layout::Bfl).unwrap_err();
+    let err = load_into(&mut wider, &exported(&small, Layout::Bfl), Layout::Bfl).unwrap_err();
     match err {
         LoadError::Shape {
             native,

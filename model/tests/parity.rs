@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 
 use flux_model::convert::{self, Layout};
-use flux_model::{Flux, FluxConfig, FluxInput};
+use flux_model::{Flux, FluxConfig, FluxInput, ModelSpec};
 use tch::{Device, Tensor};
 
 const TOLERANCE: f64 = 1e-4;
@@ -28,7 +28,8 @@ fn run_case(case: &str, layout: Layout) -> f64 {
         Layout::Bfl => "bfl.safetensors",
         Layout::Diffusers => "diffusers.safetensors",
     };
-    convert::load_file(&mut model, &dir.join(file), layout).unwrap();
+    let spec = ModelSpec::new(config.clone());
+    convert::load_file(&mut model.store, &spec, &dir.join(file), layout).unwrap();
 
     let io: HashMap<String, Tensor> =
         convert::read_safetensors(&dir.join("io.safetensors")).unwrap();

@@ -1,5 +1,5 @@
 //! `flux-hpc convert`: weights between native checkpoints and the external layouts the model's
-//! architecture declares (FLUX.1: BFL and diffusers safetensors; FLUX.2: diffusers), one tensor
+//! architecture declares (FLUX.1 and FLUX.2: BFL and diffusers safetensors), one tensor
 //! at a time. The key mapping comes from the architecture ([`ModelSpec::external_source`]; for
 //! FLUX.1 the model crate's table, shared with the loader the parity tests use).
 //!
@@ -208,17 +208,11 @@ fn external_parts(
         .expect("every native name has a row");
     let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
     let row: usize = shape[1..].iter().product();
-    let rows: Vec<usize> = if src.keys.len() == 1 {
-        vec![shape[0]]
-    } else if spec.parts.len() == src.keys.len() {
-        spec.parts.iter().map(|p| p.1 as usize).collect()
-    } else {
-        vec![shape[0] / src.keys.len(); src.keys.len()]
-    };
+    let rows = src.rows(spec);
     let mut start = 0;
     src.keys
         .into_iter()
-        .zip(rows)
+        .zip(rows.into_iter().map(|n| n as usize))
         .map(|(key, n)| {
             let mut part_shape = shape.clone();
             part_shape[0] = n;

@@ -1,8 +1,9 @@
-//! Reference checkpoints (BFL `flux` and diffusers `FluxTransformer2DModel`) ⇄ native names.
+//! Reference checkpoints (Black Forest Labs' and diffusers' layouts) ⇄ native names, for any
+//! architecture that declares its layouts ([`ModelSpec::external_source`]).
 //!
-//! [`table`] holds the key table; this module resolves it per parameter and moves tensors in both
-//! directions. Loading is strict: every native parameter must be found with its exact shape and
-//! every external tensor must be used.
+//! [`table`] holds FLUX.1's key table; this module resolves FLUX.1's per parameter and moves
+//! tensors of any model in both directions. Loading is strict: every native parameter must be
+//! found with its exact shape and every external tensor must be used.
 
 pub mod table;
 
@@ -11,15 +12,18 @@ use std::path::Path;
 
 use tch::Tensor;
 
-use crate::{Flux, FluxConfig};
+use crate::tp::{ParamSpec, ShardedStore};
+use crate::{FluxConfig, ModelSpec};
 use table::{Combine, Row, JOINT, SINGLE, TOP};
 
-/// A public key layout of FLUX.1 transformer weights.
+/// A public key layout of transformer weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Black Forest Labs' `flux` repository (`double_blocks.0.img_attn.qkv.weight`, …).
+    /// Black Forest Labs' reference repositories, `flux` and `flux2`
+    /// (`double_blocks.0.img_attn.qkv.weight`, …).
     Bfl,
-    /// diffusers' `FluxTransformer2DModel` (`transformer_blocks.0.attn.to_q.weight`, …).
+    /// diffusers' `FluxTransformer2DModel` / `Flux2Transformer2DModel`
+    /// (`transformer_blocks.0.attn.to_q.weight`, …).
     Diffusers,
 }
 
@@ -30,6 +34,54 @@ pub struct Source {
     pub keys: Vec<String>,
     /// How they combine into the native tensor.
     pub combine: Combine,
+}
+
+impl Source {
+    /// One external key holding the native tensor as it is.
+    pub fn same(key: String) -> Self {
+        Self {
+            keys: vec![key],
+            combine: Combine::Same,
+        }
+    }
+
+    /// The rows (dim 0) each external key holds of native `spec`: the named parts when there is
+    /// one key per part, else equal shares.
+    pub fn rows(&self, spec: &ParamSpec) -> Vec<i64> {
+        let n = self.keys.len();
+        if n == 1 {
+            vec![spec.shape[0]]
+        } else if spec.parts.len() == n {
+            spec.parts.iter().map(|(_, size)| *size).collect()
+        } else {
+            vec![spec.shape[0] / n as i64; n]
+        }
+    }
+
+    /// The native tensor from the external tensors of `keys`, in order.
+    pub fn assemble(&self, parts: Vec<Tensor>) -> Tensor {
+        match self.combine {
+            Combine::Same | Combine::Stack if parts.len() == 1 => {
+                parts.into_iter().next().expect("one part")
+            }
+            Combine::Same | Combine::Stack => Tensor::cat(&parts, 0),
+            Combine::SwapHalves => swap_halves(&parts[0]),
+        }
+    }
+
+    /// The external tensors, in `keys` order, of the native `value` of `spec`.
+    pub fn split(&self, spec: &ParamSpec, value: Tensor) -> Vec<Tensor> {
+        match self.combine {
+            Combine::SwapHalves => vec![swap_halves(&value)],
+            Combine::Same | Combine::Stack => value.split_with_sizes(self.rows(spec), 0),
+        }
+    }
+}
+
+/// `[a; b]` → `[b; a]` along dim 0.
+fn swap_halves(t: &Tensor) -> Tensor {
+    let halves = t.chunk(2, 0);
+    Tensor::cat(&[&halves[1], &halves[0]], 0)
 }
 
 /// Why external weights could not be loaded.
@@ -130,19 +182,6 @@ pub fn source(native: &str, layout: Layout, config: &FluxConfig) -> Option<Sourc
     })
 }
 
-fn assemble(parts: Vec<Tensor>, combine: Combine) -> Tensor {
-    match combine {
-        Combine::Same | Combine::Stack if parts.len() == 1 => {
-            parts.into_iter().next().expect("one part")
-        }
-        Combine::Same | Combine::Stack => Tensor::cat(&parts, 0),
-        Combine::SwapHalves => {
-            let halves = parts[0].chunk(2, 0);
-            Tensor::cat(&[&halves[1], &halves[0]], 0)
-        }
-    }
-}
-
 /// Read every tensor of a safetensors file.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, LoadError> {
     Tensor::read_safetensors(path)
@@ -153,22 +192,25 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, LoadErro
         })
 }
 
-/// Copy external `tensors` in `layout` into `model`'s parameters (strict: all found, all used).
-/// Under tensor parallelism each rank keeps its shard of the logical tensors.
+/// Copy external `tensors` in `layout` into the parameters of `store`, a model of `model`
+/// (strict: all found, all used). Under tensor parallelism each rank keeps its shard of the
+/// logical tensors.
 pub fn load_into(
-    model: &mut Flux,
+    store: &mut ShardedStore,
+    model: &ModelSpec,
     tensors: &HashMap<String, Tensor>,
     layout: Layout,
 ) -> Result<(), LoadError> {
-    let config = model.config().clone();
     let mut used = BTreeSet::new();
     let mut logical = HashMap::new();
-    for spec in model.store.param_specs() {
+    for spec in store.param_specs() {
         let native = &spec.name;
-        let src = source(native, layout, &config).ok_or_else(|| LoadError::Unmapped {
-            layout,
-            native: native.clone(),
-        })?;
+        let src = model
+            .external_source(native, layout)
+            .ok_or_else(|| LoadError::Unmapped {
+                layout,
+                native: native.clone(),
+            })?;
         let parts = src
             .keys
             .iter()
@@ -183,7 +225,7 @@ pub fn load_into(
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let value = assemble(parts, src.combine);
+        let value = src.assemble(parts);
         if value.size() != spec.shape {
             return Err(LoadError::Shape {
                 native: native.clone(),
@@ -202,37 +244,36 @@ pub fn load_into(
         unused.sort();
         return Err(LoadError::Unused(unused));
     }
-    model
-        .store
+    store
         .load_logical(&logical)
         .expect("every parameter was assembled with its logical shape");
     Ok(())
 }
 
-/// Load a safetensors file in `layout` into `model`.
-pub fn load_file(model: &mut Flux, path: &Path, layout: Layout) -> Result<(), LoadError> {
-    load_into(model, &read_safetensors(path)?, layout)
+/// Load a safetensors file in `layout` into `store`, a model of `model`.
+pub fn load_file(
+    store: &mut ShardedStore,
+    model: &ModelSpec,
+    path: &Path,
+    layout: Layout,
+) -> Result<(), LoadError> {
+    load_into(store, model, &read_safetensors(path)?, layout)
 }
 
-/// The model's weights under `layout`'s names (stacked tensors split back into their parts),
-/// gathered to logical shapes (a collective under tensor parallelism).
-pub fn export(model: &Flux, layout: Layout) -> Vec<(String, Tensor)> {
-    let config = model.config();
+/// The weights of `store`, a model of `model`, under `layout`'s names (stacked tensors split
+/// back into their parts), gathered to logical shapes (a collective under tensor parallelism).
+pub fn export(store: &ShardedStore, model: &ModelSpec, layout: Layout) -> Vec<(String, Tensor)> {
+    let specs: HashMap<&str, &ParamSpec> = store
+        .param_specs()
+        .iter()
+        .map(|s| (s.name.as_str(), s))
+        .collect();
     let mut out = Vec::new();
-    for (native, value) in model.store.gather_logical(false) {
-        let src = source(&native, layout, config).expect("every native parameter has a table row");
-        let parts = match src.combine {
-            Combine::Same => vec![value],
-            Combine::SwapHalves => vec![assemble(vec![value], Combine::SwapHalves)],
-            Combine::Stack => {
-                let d = config.hidden_size;
-                let mut sizes = vec![d; 3];
-                if src.keys.len() == 4 {
-                    sizes.push(config.mlp_hidden());
-                }
-                value.split_with_sizes(&sizes, 0)
-            }
-        };
+    for (native, value) in store.gather_logical(false) {
+        let src = model
+            .external_source(&native, layout)
+            .expect("every native parameter has an external name");
+        let parts = src.split(specs[native.as_str()], value);
         out.extend(src.keys.into_iter().zip(parts));
     }
     out
