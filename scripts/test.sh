@@ -12,7 +12,7 @@ if [ ! -f tests/fixtures/data/flux_guidance_on/io.safetensors ]; then
     echo "[test] making model fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_flux_fixtures.py
 fi
-if [ ! -f tests/fixtures/data/flux2/io.safetensors ]; then
+if [ ! -f tests/fixtures/data/flux2/bfl.safetensors ]; then
     echo "[test] making FLUX.2 fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_flux2_fixtures.py
 fi

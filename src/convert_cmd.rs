@@ -1,5 +1,5 @@
 //! `flux-hpc convert`: weights between native checkpoints and the layouts the architecture has
-//! (FLUX.1: BFL and diffusers; FLUX.2: diffusers).
+//! (FLUX.1 and FLUX.2: BFL and diffusers; the DiT: none).
 
 use std::path::PathBuf;
 
@@ -15,7 +15,7 @@ use flux_train::RunConfig;
 /// A checkpoint format on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum FormatArg {
-    /// Black Forest Labs' `flux` safetensors (`double_blocks.0.img_attn.qkv.weight`, …).
+    /// Black Forest Labs' `flux` / `flux2` safetensors (`double_blocks.0.img_attn.qkv.weight`, …).
     Bfl,
     /// diffusers' transformer (FluxTransformer2DModel, Flux2Transformer2DModel): a directory
     /// with config.json and the weights.

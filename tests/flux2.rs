@@ -1,6 +1,6 @@
 //! FLUX.2 end to end: `configs/flux2_tiny.toml` (`architecture = "flux2"`) trains with the same
 //! loop as Flux, `info` counts FLUX.2 [dev] from its config alone, and `convert` takes diffusers
-//! weights to a native checkpoint and back bit for bit, into a folder diffusers loads. Parity with
+//! and BFL weights to native checkpoints and back bit for bit, into a folder diffusers loads. Parity with
 //! diffusers is `model/tests/flux2.rs`; tensor × data parallel equivalence is `tests/parallel.rs`.
 
 mod common;
@@ -36,7 +36,7 @@ fn flux2_trains_on_synthetic_latents_and_info_counts_flux2_dev() {
 }
 
 #[test]
-fn flux2_converts_from_diffusers_to_native_and_back_into_a_folder_diffusers_loads() {
+fn flux2_converts_between_diffusers_bfl_and_native_bit_for_bit() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/flux2");
     let dir = temp_dir("flux2-convert");
     let (weights, config) = (
@@ -68,14 +68,42 @@ fn flux2_converts_from_diffusers_to_native_and_back_into_a_folder_diffusers_load
     let read = |p: &Path| -> std::collections::HashMap<String, Tensor> {
         Tensor::read_safetensors(p).unwrap().into_iter().collect()
     };
-    let (before, after) = (
-        read(&weights),
-        read(&export.join("diffusion_pytorch_model.safetensors")),
+    let same = |before: &Path, after: &Path| {
+        let (before, after) = (read(before), read(after));
+        assert_eq!(before.len(), after.len());
+        for (name, t) in &before {
+            assert!(t.equal(&after[name]), "{name} changed");
+        }
+    };
+    same(
+        &weights,
+        &export.join("diffusion_pytorch_model.safetensors"),
     );
-    assert_eq!(before.len(), after.len());
-    for (name, t) in &before {
-        assert!(t.equal(&after[name]), "{name} changed");
-    }
+    // BFL's layout (fused qkv, `scale`s, [shift; scale] output modulation) both ways, and across:
+    // BFL → native → diffusers gives diffusers' file, diffusers → native → BFL gives BFL's.
+    let (bfl, bfl_run) = (fixture.join("bfl.safetensors"), dir.join("bfl-run"));
+    let config_arg = ["--config", config.to_str().unwrap()];
+    ok(&convert("bfl", "native", &bfl, &bfl_run, &config_arg));
+    let (via_bfl, to_bfl) = (dir.join("via-bfl"), dir.join("bfl.safetensors"));
+    ok(&convert(
+        "native",
+        "diffusers",
+        &bfl_run,
+        &via_bfl,
+        &["--dtype", "f32"],
+    ));
+    same(
+        &weights,
+        &via_bfl.join("diffusion_pytorch_model.safetensors"),
+    );
+    ok(&convert(
+        "native",
+        "bfl",
+        &run,
+        &to_bfl,
+        &["--dtype", "f32"],
+    ));
+    same(&bfl, &to_bfl);
     let config_json = std::fs::read_to_string(export.join("config.json")).unwrap();
     assert!(
         config_json.contains("Flux2Transformer2DModel"),

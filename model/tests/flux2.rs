@@ -1,6 +1,6 @@
 //! FLUX.2 written with `#[diffusion_block]`: numerical parity with diffusers'
-//! `Flux2Transformer2DModel`, loaded from diffusers' own state dict, and FLUX.2 [dev]'s exact
-//! parameter count.
+//! `Flux2Transformer2DModel`, loaded from diffusers' own state dict and from BFL's layout, and
+//! FLUX.2 [dev]'s exact parameter count.
 //!
 //! Fixtures come from `tests/fixtures/make_flux2_fixtures.py` (4 heads × 16, axes (4,4,4,4),
 //! 2 double + 2 single blocks, SwiGLU ratio 3, guidance on, a 3×5 token grid and 7 text tokens,
@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use flux_model::convert;
+use flux_model::convert::{self, Layout};
 use flux_model::flux2::Flux2Config;
 use flux_model::tp::TpContext;
 use flux_model::{DiffusionBatch, ModelSpec};
@@ -27,19 +27,13 @@ fn fixture_spec() -> (ModelSpec, std::path::PathBuf) {
     (ModelSpec::from_table(model).unwrap(), dir)
 }
 
-#[test]
-fn matches_diffusers_on_an_odd_grid_with_guidance() {
+/// Max abs error of the model loaded from the fixture's weights in `layout` against diffusers'
+/// output.
+fn error_loading(layout: Layout, file: &str) -> f64 {
     let (spec, dir) = fixture_spec();
     assert_eq!(spec.architecture(), "flux2");
     let mut model = spec.build(Device::Cpu, TpContext::single()).unwrap();
-    let weights = convert::read_safetensors(&dir.join("diffusers.safetensors")).unwrap();
-    let ours: Vec<String> = spec.param_specs(1).into_iter().map(|s| s.name).collect();
-    let mut theirs: Vec<&String> = weights.keys().collect();
-    theirs.sort();
-    let mut sorted = ours.iter().collect::<Vec<_>>();
-    sorted.sort();
-    assert_eq!(sorted, theirs, "state-dict names differ from diffusers'");
-    model.store_mut().load_logical(&weights).unwrap();
+    convert::load_file(model.store_mut(), &spec, &dir.join(file), layout).unwrap();
 
     let io: HashMap<String, Tensor> =
         convert::read_safetensors(&dir.join("io.safetensors")).unwrap();
@@ -54,10 +48,26 @@ fn matches_diffusers_on_an_odd_grid_with_guidance() {
     assert_eq!(out.size(), io["out"].size());
     let err = common::max_abs_diff(&out, &io["out"]);
     println!(
-        "max abs error {err:e} (|out| max {})",
+        "{layout:?}: max abs error {err:e} (|out| max {})",
         io["out"].abs().max().double_value(&[])
     );
-    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
+    err
+}
+
+#[test]
+fn matches_diffusers_on_an_odd_grid_with_guidance_from_both_layouts() {
+    // diffusers' own state dict (separate q, k, v stacked into the fused projections) and BFL's
+    // (checked by the fixture script to convert back to it through diffusers' converter).
+    for (layout, file) in [
+        (Layout::Diffusers, "diffusers.safetensors"),
+        (Layout::Bfl, "bfl.safetensors"),
+    ] {
+        let err = error_loading(layout, file);
+        assert!(
+            err <= TOLERANCE,
+            "{layout:?}: max abs error {err:e} > {TOLERANCE:e}"
+        );
+    }
 }
 
 #[test]

@@ -4,10 +4,9 @@
 use tch::Tensor;
 
 use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
-use crate::convert::table::Combine;
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
-use crate::flux2::{Flux2Config, Flux2Transformer};
+use crate::flux2::{layouts, Flux2Config, Flux2Transformer};
 use crate::tp::check_tp_size;
 use crate::ConfigError;
 
@@ -83,15 +82,11 @@ impl ModelConfig for Flux2Config {
     }
 
     fn weight_layouts(&self) -> Vec<Layout> {
-        vec![Layout::Diffusers]
+        vec![Layout::Bfl, Layout::Diffusers]
     }
 
-    /// Native names are diffusers' names.
     fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
-        (layout == Layout::Diffusers).then(|| Source {
-            keys: vec![native.to_string()],
-            combine: Combine::Same,
-        })
+        layouts::source(native, layout)
     }
 
     fn diffusers_config(&self) -> Result<serde_json::Value, String> {

@@ -1,4 +1,5 @@
-//! FLUX.2's blocks, named as diffusers names their weights: the SwiGLU feed-forward, the
+//! FLUX.2's blocks, named as diffusers names their weights (with its fused attention
+//! projections `to_qkv` / `to_added_qkv`): the SwiGLU feed-forward, the
 //! double-stream block (separate image and text weights, joint attention) and the single-stream
 //! "parallel" block (attention and MLP share one fused input and one fused output projection).
 //! No block has biases or its own modulation: the model computes the modulation once and every
@@ -39,20 +40,16 @@ impl FeedForward {
     }
 }
 
-/// Joint attention of the double-stream block: per stream separate `q`, `k`, `v` projections
-/// (column-parallel, split by heads), QK-norm, an output projection (row-parallel).
+/// Joint attention of the double-stream block: per stream one fused `[q; k; v]` projection
+/// (column-parallel, each part split by heads; diffusers' fused `to_qkv` / `to_added_qkv`, BFL's
+/// `qkv`), QK-norm, an output projection (row-parallel).
 #[diffusion_block(config = Flux2Config)]
 #[derive(Debug)]
 pub struct Flux2Attention {
-    /// Image queries `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub to_q: Linear,
-    /// Image keys `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub to_k: Linear,
-    /// Image values `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub to_v: Linear,
+    /// Image `[q; k; v]` `[3D, D]`.
+    #[linear(in = config.hidden_size(), shard = column, bias = false,
+             parts = [q = config.hidden_size(), k = config.hidden_size(), v = config.hidden_size()])]
+    pub to_qkv: Linear,
     /// Image query scale `[Dh]`.
     #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
     pub norm_q: RmsNorm,
@@ -63,15 +60,10 @@ pub struct Flux2Attention {
     #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = row, bias = false,
              name = "to_out.0")]
     pub to_out: Linear,
-    /// Text queries `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub add_q_proj: Linear,
-    /// Text keys `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub add_k_proj: Linear,
-    /// Text values `[D, D]`.
-    #[linear(in = config.hidden_size(), out = config.hidden_size(), shard = column, bias = false)]
-    pub add_v_proj: Linear,
+    /// Text `[q; k; v]` `[3D, D]`.
+    #[linear(in = config.hidden_size(), shard = column, bias = false,
+             parts = [q = config.hidden_size(), k = config.hidden_size(), v = config.hidden_size()])]
+    pub to_added_qkv: Linear,
     /// Text query scale `[Dh]`.
     #[norm(dim = config.attention_head_dim, eps = config.eps, on_shards)]
     pub norm_added_q: RmsNorm,
@@ -90,20 +82,11 @@ impl Flux2Attention {
     /// → projected outputs `(img, txt)`.
     pub fn forward(&self, img: &Tensor, txt: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
         let dh = self.head_dim;
-        let img_qkv = Qkv::from_separate(
-            &self.to_q.forward(img),
-            &self.to_k.forward(img),
-            &self.to_v.forward(img),
-            dh,
-        )
-        .normalized(&self.norm_q, &self.norm_k);
-        let txt_qkv = Qkv::from_separate(
-            &self.add_q_proj.forward(txt),
-            &self.add_k_proj.forward(txt),
-            &self.add_v_proj.forward(txt),
-            dh,
-        )
-        .normalized(&self.norm_added_q, &self.norm_added_k);
+        // A rank's shard is `[q_r; k_r; v_r]`: the fused split works on it unchanged.
+        let img_qkv =
+            Qkv::from_fused(&self.to_qkv.forward(img), dh).normalized(&self.norm_q, &self.norm_k);
+        let txt_qkv = Qkv::from_fused(&self.to_added_qkv.forward(txt), dh)
+            .normalized(&self.norm_added_q, &self.norm_added_k);
         let joint = attention(&Qkv::cat(&[&txt_qkv, &img_qkv]), Some(rope), 0.0);
         let text_len = txt.size()[1];
         (
