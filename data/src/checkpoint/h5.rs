@@ -144,6 +144,7 @@ pub fn read_values(
         parts,
         tp_size,
         grad_sync: GradSync::Complete,
+        all_reduce: None,
     };
     let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
     check_layout(&spec, &shape).map_err(|m| layout_error(path, &full, &m))?;

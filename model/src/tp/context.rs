@@ -11,7 +11,7 @@ use std::rc::Rc;
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
-use crate::tp::{Collective, ParamSpec, SingleRank};
+use crate::tp::{Collective, ParamSpec, Pass, SingleRank};
 
 type ReduceFn = unsafe extern "C" fn(handle: *mut c_void, t: *mut C_tensor, kind: i32);
 
@@ -42,19 +42,15 @@ pub struct CollectiveCounts {
 
 impl CollectiveCounts {
     /// The all-reduces one forward and one backward pass over a model laid out as `specs` issue
-    /// on a group of more than one rank: one per row-parallel weight forward (its partial
-    /// outputs), one per column-parallel weight backward (its input's partial gradients), and one
-    /// bucket of partial gradients when any parameter's gradient is summed over the group.
+    /// on a group of more than one rank: one per layer that sums its partial outputs forward
+    /// (row-parallel linears, vocab-parallel embeddings), one per column-parallel linear
+    /// backward (its input's partial gradients), and one bucket of partial gradients when any
+    /// parameter's gradient is summed over the group.
     pub fn expected(specs: &[ParamSpec]) -> Self {
-        let weights = |dim| {
-            specs
-                .iter()
-                .filter(|s| s.shape.len() == 2 && s.split_dim == Some(dim))
-                .count() as u64
-        };
+        let layers = |pass| specs.iter().filter(|s| s.all_reduce == Some(pass)).count() as u64;
         Self {
-            forward: weights(1),
-            backward: weights(0),
+            forward: layers(Pass::Forward),
+            backward: layers(Pass::Backward),
             grad_sync: specs
                 .iter()
                 .any(|s| s.grad_sync == crate::tp::GradSync::SumOverGroup)

@@ -3,7 +3,7 @@
 use tch::nn::Path;
 use tch::Tensor;
 
-use crate::tp::{GradSync, ParamSpec, Shard, TpContext};
+use crate::tp::{GradSync, ParamSpec, Pass, Shard, TpContext};
 
 /// How a linear's weight starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,7 @@ impl LinearDecl {
             parts: self.parts.clone(),
             tp_size,
             grad_sync: GradSync::Complete,
+            all_reduce: None,
         };
         let whole = |shape: Vec<i64>, leaf: &str| {
             ParamSpec::replicated(format!("{name}.{leaf}"), shape, tp_size)
@@ -64,8 +65,14 @@ impl LinearDecl {
         let (w, b) = (vec![self.out_dim, self.in_dim], vec![self.out_dim]);
         let mut specs = vec![match self.shard {
             Shard::Replicated => whole(w, "weight"),
-            Shard::Column => split(w, 0, "weight"),
-            Shard::Row => split(w, 1, "weight"),
+            Shard::Column => ParamSpec {
+                all_reduce: Some(Pass::Backward),
+                ..split(w, 0, "weight")
+            },
+            Shard::Row => ParamSpec {
+                all_reduce: Some(Pass::Forward),
+                ..split(w, 1, "weight")
+            },
         }];
         if self.bias {
             specs.push(match self.shard {

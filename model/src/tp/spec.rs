@@ -25,6 +25,16 @@ pub enum GradSync {
     SumOverGroup,
 }
 
+/// The pass in which a parameter's layer sums activations over a group of more than one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Partial outputs summed in the forward pass (row-parallel linears, vocab-parallel
+    /// embeddings).
+    Forward,
+    /// Partial input gradients summed in the backward pass (column-parallel linears).
+    Backward,
+}
+
 /// One parameter as checkpoints and resharding see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamSpec {
@@ -41,6 +51,9 @@ pub struct ParamSpec {
     pub tp_size: i64,
     /// How the gradient is completed after backward.
     pub grad_sync: GradSync,
+    /// The activation all-reduce its layer issues per forward and backward pass under tensor
+    /// parallelism, if any (counted on the layer's weight only).
+    pub all_reduce: Option<Pass>,
 }
 
 impl ParamSpec {
@@ -53,6 +66,7 @@ impl ParamSpec {
             parts: Vec::new(),
             tp_size,
             grad_sync: GradSync::Complete,
+            all_reduce: None,
         }
     }
 
@@ -173,6 +187,7 @@ mod tests {
             parts: parts(named),
             tp_size: tp,
             grad_sync: GradSync::Complete,
+            all_reduce: None,
         }
     }
 
