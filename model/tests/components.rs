@@ -3,7 +3,7 @@
 use approx::assert_abs_diff_eq;
 use flux_model::embeddings::{generate_image_position_ids, timestep_embedding, EmbedNd};
 use flux_model::layers::layer_norm;
-use flux_model::tp::{NormDecl, RmsNorm, TpContext};
+use flux_model::tp::{LayerNorm, NormDecl, RmsNorm, TpContext};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -78,6 +78,7 @@ fn rms_norm_and_layer_norm_match_their_formulas() {
     let decl = NormDecl {
         dim: 4,
         eps: 1e-6,
+        bias: false,
         on_shards: false,
     };
     let norm = RmsNorm::new(&vs.root(), &decl, &TpContext::single());
@@ -90,5 +91,25 @@ fn rms_norm_and_layer_norm_match_their_formulas() {
     let sd = 1.25f64.sqrt();
     for (got, v) in ln.iter().zip([-1.5, -0.5, 0.5, 1.5]) {
         assert_abs_diff_eq!(*got as f64, v / sd, epsilon = 1e-5);
+    }
+    // The learnable LayerNorm: the same normalisation, then `· weight + bias`.
+    let affine = LayerNorm::new(
+        &vs.root().sub("ln"),
+        &NormDecl { bias: true, ..decl },
+        &TpContext::single(),
+    );
+    tch::no_grad(|| {
+        affine
+            .weight
+            .shallow_clone()
+            .copy_(&Tensor::from_slice(&[1.0f32, 2.0, -1.0, 0.5]));
+        let mut bias = affine.bias.as_ref().unwrap().shallow_clone();
+        bias.copy_(&Tensor::from_slice(&[0.0f32, 1.0, 0.0, -2.0]));
+    });
+    let (scale, shift) = ([1.0, 2.0, -1.0, 0.5], [0.0, 1.0, 0.0, -2.0]);
+    let y = f32s(&affine.forward(&x));
+    for i in 0..4 {
+        let expected = ([-1.5, -0.5, 0.5, 1.5][i] / sd) * scale[i] + shift[i];
+        assert_abs_diff_eq!(y[i] as f64, expected, epsilon = 1e-5);
     }
 }
