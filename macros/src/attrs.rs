@@ -4,10 +4,25 @@ use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{bracketed, Attribute, Error, Expr, Field, Ident, LitStr, Result, Token, Type};
+use syn::{
+    bracketed, parenthesized, Attribute, Error, Expr, Field, Ident, LitInt, LitStr, Result, Token,
+    Type,
+};
 
 /// The field attributes this macro owns (removed from the emitted struct).
-pub const FIELD_ATTRS: &[&str] = &["linear", "norm", "module", "layers", "value"];
+pub const FIELD_ATTRS: &[&str] = &[
+    "linear",
+    "norm",
+    "embedding",
+    "param",
+    "module",
+    "layers",
+    "value",
+];
+
+/// How the "needs one of" errors list them.
+const FIELD_ATTR_LIST: &str =
+    "#[linear], #[norm], #[embedding], #[param], #[module], #[layers] or #[value]";
 
 /// `#[diffusion_block(config = Type)]`.
 pub struct BlockArgs {
@@ -75,10 +90,39 @@ pub struct LinearAttr {
     pub name: Option<LitStr>,
 }
 
-/// `#[norm(dim = .., eps = .., on_shards, name = "..")]`.
+/// `#[norm(dim = .., eps = .., bias = .., on_shards, name = "..")]` on an `RmsNorm` or a
+/// `LayerNorm`.
 pub struct NormAttr {
     pub dim: Expr,
     pub eps: Option<Expr>,
+    /// A learnable shift (LayerNorm only).
+    pub bias: Option<Expr>,
+    /// The field is a `LayerNorm` (else an `RmsNorm`).
+    pub layer: bool,
+    pub on_shards: bool,
+    pub name: Option<LitStr>,
+}
+
+/// `#[embedding(num = .., dim = .., shard = replicated | vocab, name = "..")]`.
+pub struct EmbeddingAttr {
+    pub num: Expr,
+    pub dim: Expr,
+    pub vocab_parallel: bool,
+    pub name: Option<LitStr>,
+}
+
+/// How a raw parameter starts.
+pub enum ParamInit {
+    Zeros,
+    Ones,
+    Normal(Expr),
+}
+
+/// `#[param(shape = [..], init = .., split = N, on_shards, name = "..")]`.
+pub struct ParamAttr {
+    pub shape: Vec<Expr>,
+    pub split: Option<usize>,
+    pub init: ParamInit,
     pub on_shards: bool,
     pub name: Option<LitStr>,
 }
@@ -102,6 +146,8 @@ pub struct LayersAttr {
 pub enum FieldKind {
     Linear(LinearAttr),
     Norm(NormAttr),
+    Embedding(EmbeddingAttr),
+    Param(ParamAttr),
     Module(ModuleAttr),
     Layers(LayersAttr),
     Value(Expr),
@@ -125,15 +171,21 @@ fn type_is(ty: &Type, name: &str) -> bool {
     last_segment(ty).is_some_and(|s| s.ident == name)
 }
 
-/// Parse `key = value` pairs with a callback per key; flags are keys without `= value`.
+/// Parse `key = value` pairs with a callback per key; flags are keys without `= value`. A key
+/// given twice is an error at the second.
 fn parse_args(
     attr: &Attribute,
     mut on_key: impl FnMut(&Ident, ParseStream) -> Result<()>,
 ) -> Result<()> {
     attr.parse_args_with(|input: ParseStream| {
+        let mut seen: Vec<Ident> = Vec::new();
         while !input.is_empty() {
             let key: Ident = input.call(syn::ext::IdentExt::parse_any)?;
+            if seen.contains(&key) {
+                return Err(Error::new_spanned(&key, format!("`{key}` is given twice")));
+            }
             on_key(&key, input)?;
+            seen.push(key);
             if input.is_empty() {
                 break;
             }
@@ -283,20 +335,28 @@ fn literal(e: &Expr) -> Option<u64> {
 }
 
 fn parse_norm(attr: &Attribute, field: &Field) -> Result<NormAttr> {
-    if !type_is(&field.ty, "RmsNorm") {
+    let layer = type_is(&field.ty, "LayerNorm");
+    if !layer && !type_is(&field.ty, "RmsNorm") {
         return Err(Error::new_spanned(
             &field.ty,
-            "#[norm] fields must have type `RmsNorm`",
+            "#[norm] fields must have type `RmsNorm` or `LayerNorm`",
         ));
     }
-    let (mut dim, mut eps, mut on_shards, mut name) = (None, None, false, None);
+    let (mut dim, mut eps, mut bias, mut on_shards, mut name) = (None, None, None, false, None);
     parse_args(attr, |key, input| {
         match key.to_string().as_str() {
             "dim" => dim = Some(value(input)?),
             "eps" => eps = Some(value(input)?),
+            "bias" if !layer => {
+                return Err(Error::new_spanned(
+                    key,
+                    "`bias` applies to `LayerNorm` fields; an `RmsNorm` has only a scale",
+                ))
+            }
+            "bias" => bias = Some(value(input)?),
             "name" => name = Some(value(input)?),
             "on_shards" => on_shards = true,
-            _ => return Err(unknown(key, "norm", "dim, eps, on_shards or name")),
+            _ => return Err(unknown(key, "norm", "dim, eps, bias, on_shards or name")),
         }
         Ok(())
     })?;
@@ -304,7 +364,151 @@ fn parse_norm(attr: &Attribute, field: &Field) -> Result<NormAttr> {
     Ok(NormAttr {
         dim,
         eps,
+        bias,
+        layer,
         on_shards,
+        name,
+    })
+}
+
+fn parse_embedding(attr: &Attribute, field: &Field) -> Result<EmbeddingAttr> {
+    if !type_is(&field.ty, "Embedding") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[embedding] fields must have type `Embedding`",
+        ));
+    }
+    let (mut num, mut dim, mut vocab_parallel, mut name) = (None, None, false, None);
+    parse_args(attr, |key, input| {
+        match key.to_string().as_str() {
+            "num" => num = Some(value(input)?),
+            "dim" => dim = Some(value(input)?),
+            "name" => name = Some(value(input)?),
+            "shard" => {
+                let kind: Ident = value(input)?;
+                vocab_parallel = match kind.to_string().as_str() {
+                    "replicated" => false,
+                    "vocab" => true,
+                    other => {
+                        return Err(Error::new_spanned(
+                            &kind,
+                            format!("unknown embedding shard kind `{other}`; expected `vocab` (rows split over the group) or `replicated`"),
+                        ))
+                    }
+                };
+            }
+            _ => return Err(unknown(key, "embedding", "num, dim, shard or name")),
+        }
+        Ok(())
+    })?;
+    let missing =
+        |what: &str| Error::new_spanned(attr, format!("#[embedding] needs `{what} = ...`"));
+    Ok(EmbeddingAttr {
+        num: num.ok_or_else(|| missing("num"))?,
+        dim: dim.ok_or_else(|| missing("dim"))?,
+        vocab_parallel,
+        name,
+    })
+}
+
+fn parse_param(attr: &Attribute, field: &Field) -> Result<ParamAttr> {
+    if !type_is(&field.ty, "Tensor") {
+        return Err(Error::new_spanned(
+            &field.ty,
+            "#[param] fields must have type `Tensor`",
+        ));
+    }
+    let mut shape: Option<(Span, Vec<Expr>)> = None;
+    let (mut split, mut init, mut on_shards, mut name) = (None, ParamInit::Zeros, None, None);
+    parse_args(attr, |key, input| {
+        match key.to_string().as_str() {
+            "shape" => {
+                input.parse::<Token![=]>()?;
+                let content;
+                let brackets = bracketed!(content in input);
+                let dims = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
+                shape = Some((brackets.span.join(), dims.into_iter().collect()));
+            }
+            "split" => split = Some(value::<LitInt>(input)?),
+            "on_shards" => on_shards = Some(key.span()),
+            "name" => name = Some(value(input)?),
+            "init" => {
+                let kind: Ident = value(input)?;
+                init = match kind.to_string().as_str() {
+                    "zeros" => ParamInit::Zeros,
+                    "ones" => ParamInit::Ones,
+                    "normal" if input.peek(syn::token::Paren) => {
+                        let std;
+                        parenthesized!(std in input);
+                        ParamInit::Normal(std.parse()?)
+                    }
+                    "normal" => {
+                        return Err(Error::new_spanned(
+                            &kind,
+                            "`normal` needs its standard deviation: `init = normal(0.02)`",
+                        ))
+                    }
+                    other => {
+                        return Err(Error::new_spanned(
+                            &kind,
+                            format!(
+                                "unknown init `{other}`; expected `zeros`, `ones` or `normal(std)`"
+                            ),
+                        ))
+                    }
+                };
+            }
+            _ => {
+                return Err(unknown(
+                    key,
+                    "param",
+                    "shape, init, split, on_shards or name",
+                ))
+            }
+        }
+        Ok(())
+    })?;
+    let (shape_span, shape) = shape.ok_or_else(|| {
+        Error::new_spanned(
+            attr,
+            "#[param] needs `shape = [...]`, e.g. `shape = [6, config.dim]`",
+        )
+    })?;
+    if shape.is_empty() {
+        return Err(Error::new(
+            shape_span,
+            "`shape` needs at least one dimension",
+        ));
+    }
+    let split = match split {
+        None => None,
+        Some(lit) => {
+            let dim: usize = lit.base10_parse()?;
+            if dim >= shape.len() {
+                return Err(Error::new_spanned(
+                    &lit,
+                    format!(
+                        "`split = {dim}` is out of range: the shape has {} dimension(s), so split takes 0..{}",
+                        shape.len(),
+                        shape.len()
+                    ),
+                ));
+            }
+            if let Some(span) = on_shards {
+                return Err(Error::new(
+                    span,
+                    "`on_shards` is for replicated parameters applied to sharded activations; a \
+                     `split` parameter's gradient is already this rank's own",
+                ));
+            }
+            Some(dim)
+        }
+    };
+    Ok(ParamAttr {
+        shape,
+        split,
+        init,
+        on_shards: on_shards.is_some(),
         name,
     })
 }
@@ -373,22 +577,21 @@ pub fn parse_field(field: &Field) -> Result<BlockField> {
         .iter()
         .filter(|a| FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)))
         .collect();
-    let attr =
-        match ours.as_slice() {
-            [one] => *one,
-            [] => {
-                return Err(Error::new_spanned(
-                    &ident,
-                    format!(
-                "field `{ident}` needs one of #[linear], #[norm], #[module], #[layers] or #[value]"
-            ),
-                ))
-            }
-            [_, second, ..] => return Err(Error::new_spanned(
+    let attr = match ours.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(Error::new_spanned(
+                &ident,
+                format!("field `{ident}` needs one of {FIELD_ATTR_LIST}"),
+            ))
+        }
+        [_, second, ..] => {
+            return Err(Error::new_spanned(
                 second,
-                "a field takes exactly one of #[linear], #[norm], #[module], #[layers], #[value]",
-            )),
-        };
+                format!("a field takes exactly one of {FIELD_ATTR_LIST}"),
+            ))
+        }
+    };
     let name = attr
         .path()
         .get_ident()
@@ -397,6 +600,8 @@ pub fn parse_field(field: &Field) -> Result<BlockField> {
     let kind = match name.as_str() {
         "linear" => FieldKind::Linear(parse_linear(attr, field)?),
         "norm" => FieldKind::Norm(parse_norm(attr, field)?),
+        "embedding" => FieldKind::Embedding(parse_embedding(attr, field)?),
+        "param" => FieldKind::Param(parse_param(attr, field)?),
         "module" => FieldKind::Module(parse_module(attr, field)?),
         "layers" => FieldKind::Layers(parse_layers(attr, field)?),
         _ => FieldKind::Value(attr.parse_args()?),

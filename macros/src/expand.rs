@@ -6,7 +6,8 @@ use quote::{quote, quote_spanned};
 use syn::{Error, Expr, GenericArgument, ItemStruct, LitStr, PathArguments, Result, Type};
 
 use crate::attrs::{
-    BlockArgs, BlockField, FieldKind, LinearAttr, NormAttr, ShardKind, FIELD_ATTRS,
+    BlockArgs, BlockField, EmbeddingAttr, FieldKind, LinearAttr, NormAttr, ParamAttr, ParamInit,
+    ShardKind, FIELD_ATTRS,
 };
 
 /// The state-dict name of a field: its `name = "..."` or the field's identifier.
@@ -53,11 +54,7 @@ fn linear_decl(attr: &LinearAttr) -> TokenStream {
         .as_ref()
         .map(|e| quote!(#e))
         .unwrap_or_else(sum_of_parts);
-    let bias = attr
-        .bias
-        .as_ref()
-        .map(|e| quote!(#e))
-        .unwrap_or_else(|| quote!(true));
+    let bias = or_default(&attr.bias, quote!(true));
     let shard = match attr.shard {
         ShardKind::Replicated => quote!(::flux_model::tp::Shard::Replicated),
         ShardKind::Column => quote!(::flux_model::tp::Shard::Column),
@@ -86,15 +83,50 @@ fn linear_decl(attr: &LinearAttr) -> TokenStream {
     }
 }
 
+/// `expr`, or `default` when the attribute left it out.
+fn or_default(expr: &Option<Expr>, default: TokenStream) -> TokenStream {
+    expr.as_ref().map(|e| quote!(#e)).unwrap_or(default)
+}
+
+/// RMSNorm: eps 1e-6 (FLUX's), no bias; LayerNorm: eps 1e-5 and a bias (torch's defaults).
 fn norm_decl(attr: &NormAttr) -> TokenStream {
     let dim = &attr.dim;
-    let eps = attr
-        .eps
-        .as_ref()
-        .map(|e| quote!(#e))
-        .unwrap_or_else(|| quote!(1e-6));
+    let (eps, bias) = if attr.layer {
+        (quote!(1e-5), quote!(true))
+    } else {
+        (quote!(1e-6), quote!(false))
+    };
+    let eps = or_default(&attr.eps, eps);
+    let bias = or_default(&attr.bias, bias);
     let on_shards = attr.on_shards;
-    quote!(::flux_model::tp::NormDecl { dim: #dim, eps: #eps, on_shards: #on_shards })
+    quote!(::flux_model::tp::NormDecl { dim: #dim, eps: #eps, bias: #bias, on_shards: #on_shards })
+}
+
+fn embedding_decl(attr: &EmbeddingAttr) -> TokenStream {
+    let (num, dim, vocab_parallel) = (&attr.num, &attr.dim, attr.vocab_parallel);
+    quote!(::flux_model::tp::EmbeddingDecl { num: #num, dim: #dim, vocab_parallel: #vocab_parallel })
+}
+
+fn param_decl(attr: &ParamAttr) -> TokenStream {
+    let shape = &attr.shape;
+    let split = match attr.split {
+        Some(d) => quote!(::std::option::Option::Some(#d)),
+        None => quote!(::std::option::Option::None),
+    };
+    let init = match &attr.init {
+        ParamInit::Zeros => quote!(Zeros),
+        ParamInit::Ones => quote!(Ones),
+        ParamInit::Normal(std) => quote!(Normal(#std)),
+    };
+    let on_shards = attr.on_shards;
+    quote! {
+        ::flux_model::tp::ParamDecl {
+            shape: ::std::vec![#(#shape),*],
+            split: #split,
+            init: ::flux_model::tp::ParamInit::#init,
+            on_shards: #on_shards,
+        }
+    }
 }
 
 /// The initialiser of one field in `new` and its contribution to `param_specs`.
@@ -120,6 +152,23 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
             (
                 quote!(#ty::new(&#path, &#decl, tp)),
                 quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name)));),
+            )
+        }
+        FieldKind::Embedding(attr) => {
+            let name = state_name(field, &attr.name);
+            let (path, decl) = (sub_path(&name), embedding_decl(attr));
+            (
+                quote!(#ty::new(&#path, &#decl, tp)),
+                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
+            )
+        }
+        FieldKind::Param(attr) => {
+            let name = state_name(field, &attr.name);
+            let (parent, leaf) = name.rsplit_once('.').unwrap_or(("", &name));
+            let (path, decl) = (sub_path(parent), param_decl(attr));
+            (
+                quote!(#decl.create(&#path, #leaf, tp)),
+                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
             )
         }
         FieldKind::Module(attr) => {

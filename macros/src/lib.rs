@@ -20,7 +20,9 @@
 //! | Attribute | Field type | Arguments |
 //! | --- | --- | --- |
 //! | `#[linear(..)]` | `Linear` | `in`, `out`, `bias` (default `true`), `shard = replicated \| column \| row`, `parts = [name = size, ..]` (fused tensors; omit `out`/`in` to take their sum), `init = xavier \| zeros`, `name = "dotted.name"` |
-//! | `#[norm(..)]` | `RmsNorm` | `dim`, `eps` (default 1e-6), `on_shards` (applied to sharded heads: gradients summed over the group), `name` |
+//! | `#[norm(..)]` | `RmsNorm` or `LayerNorm` | `dim`, `eps` (default 1e-6 RMSNorm, 1e-5 LayerNorm), `bias` (LayerNorm only, default `true`), `on_shards` (applied to sharded heads: gradients summed over the group), `name`; replicated |
+//! | `#[embedding(..)]` | `Embedding` | `num` rows, `dim` width, `shard = replicated \| vocab` (rows split over the group, partial lookups summed forward), `name` |
+//! | `#[param(..)]` | `Tensor` | `shape = [..]`, `init = zeros \| ones \| normal(std)` (default zeros), `split = N` (dimension split over the group; else replicated), `on_shards` (replicated, applied to sharded activations), `name` (the tensor's own dotted name) |
 //! | `#[module(..)]` | a block | `config = expr` (default: this block's config), `when = bool` (then `Option<Block>`), `name` |
 //! | `#[layers(..)]` | `Vec<Block>` | `count`, `start` (first index, default 0), `config`, `name` (e.g. `"transformer.layers"`) |
 //! | `#[value(expr)]` | anything | a non-parameter field computed from `config` (and `tp`) |
