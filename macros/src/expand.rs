@@ -129,6 +129,16 @@ fn param_decl(attr: &ParamAttr) -> TokenStream {
     }
 }
 
+/// A layer field (`Linear`, a norm, `Embedding`): `Ty::new(&p.name, &decl, tp)` in `new`, the
+/// declaration's specs under `prefix.name` in `param_specs`.
+fn layer_code(ty: &Type, name: &str, decl: TokenStream) -> (TokenStream, TokenStream) {
+    let path = sub_path(name);
+    (
+        quote!(#ty::new(&#path, &#decl, tp)),
+        quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
+    )
+}
+
 /// The initialiser of one field in `new` and its contribution to `param_specs`.
 fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
     let ty = &field.ty;
@@ -139,28 +149,11 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
     };
     Ok(match &field.kind {
         FieldKind::Linear(attr) => {
-            let name = state_name(field, &attr.name);
-            let (path, decl) = (sub_path(&name), linear_decl(attr));
-            (
-                quote!(#ty::new(&#path, &#decl, tp)),
-                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
-            )
+            layer_code(ty, &state_name(field, &attr.name), linear_decl(attr))
         }
-        FieldKind::Norm(attr) => {
-            let name = state_name(field, &attr.name);
-            let (path, decl) = (sub_path(&name), norm_decl(attr));
-            (
-                quote!(#ty::new(&#path, &#decl, tp)),
-                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name)));),
-            )
-        }
+        FieldKind::Norm(attr) => layer_code(ty, &state_name(field, &attr.name), norm_decl(attr)),
         FieldKind::Embedding(attr) => {
-            let name = state_name(field, &attr.name);
-            let (path, decl) = (sub_path(&name), embedding_decl(attr));
-            (
-                quote!(#ty::new(&#path, &#decl, tp)),
-                quote!(specs.extend(#decl.param_specs(&::flux_model::tp::join_name(prefix, #name), tp_size));),
-            )
+            layer_code(ty, &state_name(field, &attr.name), embedding_decl(attr))
         }
         FieldKind::Param(attr) => {
             let name = state_name(field, &attr.name);

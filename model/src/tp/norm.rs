@@ -21,8 +21,8 @@ pub struct NormDecl {
 }
 
 impl NormDecl {
-    /// Specs of `name.weight` and, with a bias, `name.bias`.
-    pub fn param_specs(&self, name: &str) -> Vec<ParamSpec> {
+    /// Specs of `name.weight` and, with a bias, `name.bias` (whole on each of `tp_size` ranks).
+    pub fn param_specs(&self, name: &str, tp_size: i64) -> Vec<ParamSpec> {
         let leaves: &[&str] = if self.bias {
             &["weight", "bias"]
         } else {
@@ -31,7 +31,8 @@ impl NormDecl {
         leaves
             .iter()
             .map(|leaf| {
-                let mut spec = ParamSpec::replicated(format!("{name}.{leaf}"), vec![self.dim], 1);
+                let mut spec =
+                    ParamSpec::replicated(format!("{name}.{leaf}"), vec![self.dim], tp_size);
                 if self.on_shards {
                     spec.grad_sync = GradSync::SumOverGroup;
                 }
@@ -43,7 +44,7 @@ impl NormDecl {
     /// `p.weight` (ones) and, with a bias, `p.bias` (zeros).
     fn create(&self, p: &Path, tp: &TpContext) -> (Tensor, Option<Tensor>) {
         let device = p.device();
-        let specs = self.param_specs("");
+        let specs = self.param_specs("", tp.size() as i64);
         let weight = shard_var(p, &specs[0], tp, |s| Tensor::ones(s, (Kind::Float, device)));
         let bias = specs
             .get(1)
