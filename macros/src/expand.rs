@@ -139,6 +139,31 @@ fn layer_code(ty: &Type, name: &str, decl: TokenStream) -> (TokenStream, TokenSt
     )
 }
 
+/// One field's part of `visit_linears`: the layer itself, or the child blocks' linears.
+fn visit_code(field: &BlockField) -> TokenStream {
+    let ident = &field.ident;
+    match &field.kind {
+        FieldKind::Linear(_) => quote!(f(&self.#ident);),
+        FieldKind::Module(attr) if attr.when.is_some() => quote! {
+            if let ::std::option::Option::Some(child) = &self.#ident {
+                ::flux_model::Block::visit_linears(child, f);
+            }
+        },
+        FieldKind::Module(_) => quote!(::flux_model::Block::visit_linears(&self.#ident, f);),
+        FieldKind::Layers(_) => quote! {
+            for layer in &self.#ident {
+                ::flux_model::Block::visit_linears(layer, f);
+            }
+        },
+        FieldKind::Norm(_)
+        | FieldKind::Embedding(_)
+        | FieldKind::Param(_)
+        | FieldKind::Value(_) => {
+            quote!()
+        }
+    }
+}
+
 /// The initialiser of one field in `new` and its contribution to `param_specs`.
 fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
     let ty = &field.ty;
@@ -291,6 +316,13 @@ fn generate(
     let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
     let names = fields.iter().map(|f| &f.ident);
     let (inits, specs): (Vec<_>, Vec<_>) = code.into_iter().unzip();
+    let visits: Vec<TokenStream> = fields.iter().map(visit_code).collect();
+    // A block without linears ignores the callback.
+    let f = if visits.iter().all(TokenStream::is_empty) {
+        quote!(_f)
+    } else {
+        quote!(f)
+    };
     let requires_forward = quote_spanned!(ident.span()=> let _ = Self::forward;);
 
     quote! {
@@ -307,6 +339,10 @@ fn generate(
                 let mut specs = ::std::vec::Vec::new();
                 #(#specs)*
                 specs
+            }
+
+            fn visit_linears<'s>(&'s self, #f: &mut dyn FnMut(&'s ::flux_model::tp::Linear)) {
+                #(#visits)*
             }
         }
 

@@ -3,7 +3,7 @@
 
 use tch::nn::Path;
 
-use crate::tp::{ParamSpec, TpContext};
+use crate::tp::{Linear, ParamSpec, TpContext};
 
 /// A block declared with `#[diffusion_block(config = C)]`.
 pub trait Block: Sized {
@@ -18,6 +18,10 @@ pub trait Block: Sized {
     /// Every parameter below `prefix`: logical name and shape, and how it is split over a
     /// tensor-parallel group of `tp_size` ranks (what checkpoints save, gather and reshard).
     fn param_specs(prefix: &str, config: &Self::Config, tp_size: i64) -> Vec<ParamSpec>;
+
+    /// Call `f` on every `Linear` of this block and its children, in declaration order (each
+    /// knows its state-dict name): how adapters find the layers they wrap.
+    fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear));
 
     /// Number of parameters for `config`, the same for every tensor-parallel size (computed from
     /// the specs; nothing is allocated).

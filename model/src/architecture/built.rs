@@ -5,7 +5,7 @@
 use tch::{Device, Tensor};
 
 use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, ModelConfig};
-use crate::tp::{ShardedStore, TpContext};
+use crate::tp::{Linear, ShardedStore, TpContext};
 use crate::{Block, ConfigError};
 
 /// The root block of an architecture (`FluxTransformer`, `DitTransformer`, …).
@@ -75,5 +75,9 @@ impl<T: RootBlock> DiffusionModel for Built<T> {
 
     fn set_recompute(&self, on: bool) {
         self.transformer.set_recompute(on);
+    }
+
+    fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear)) {
+        self.transformer.visit_linears(f);
     }
 }

@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use crate::architecture::{Built, DiffusionBatch, InputError, InputSpec, RootBlock};
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, ForwardFlops, Rows};
-use crate::tp::{ParamSpec, ShardedStore, TpContext};
+use crate::tp::{Linear, ParamSpec, ShardedStore, TpContext};
 use crate::{Block, ConfigError};
 
 /// One rank's built model, whatever its architecture: its parameters and its forward pass.
@@ -28,6 +28,9 @@ pub trait DiffusionModel: Debug {
     /// Recompute each layer's activations in the backward pass instead of keeping them (training
     /// forward passes only).
     fn set_recompute(&self, on: bool);
+
+    /// Call `f` on every `Linear` of the model, in declaration order.
+    fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear));
 
     /// The dtype of the weights, which inputs are cast to.
     fn kind(&self) -> Kind {
