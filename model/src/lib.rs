@@ -32,6 +32,7 @@ pub mod flops;
 pub mod flux;
 pub mod flux2;
 pub mod layers;
+pub mod lora;
 pub mod patchify;
 mod prediction;
 pub mod recompute;

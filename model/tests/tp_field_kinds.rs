@@ -6,13 +6,14 @@
 //! LayerNorm over a 0.02-scale table scales the embedding's gradient up ~50×), and the group
 //! issues exactly the all-reduces the specs predict.
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Barrier, Mutex};
+
+use common::threads::ThreadGroup;
 
 use flux_macros::diffusion_block;
-use flux_model::tp::{
-    Collective, CollectiveCounts, Embedding, LayerNorm, Linear, ShardedStore, TpContext,
-};
+use flux_model::tp::{CollectiveCounts, Embedding, LayerNorm, Linear, ShardedStore, TpContext};
 use flux_model::Block;
 use tch::{Device, Kind, Tensor};
 
@@ -60,55 +61,6 @@ impl Tagger {
         let (b, l, width) = h.size3().unwrap();
         let heads = h.view([b, l, width / self.head_dim, self.head_dim]) * &self.head_gain;
         &x + self.down.forward(&heads.view([b, l, width]))
-    }
-}
-
-/// Ranks in threads of one process, summing and gathering through shared memory.
-struct ThreadGroup {
-    rank: usize,
-    shared: Arc<(Mutex<Vec<Vec<f32>>>, Barrier)>,
-}
-
-impl ThreadGroup {
-    fn group(size: usize) -> Vec<Self> {
-        let shared = Arc::new((Mutex::new(vec![Vec::new(); size]), Barrier::new(size)));
-        (0..size)
-            .map(|rank| Self {
-                rank,
-                shared: shared.clone(),
-            })
-            .collect()
-    }
-
-    /// Every rank's `data`, in rank order.
-    fn exchange(&self, data: &[f32]) -> Vec<Vec<f32>> {
-        let (slots, barrier) = &*self.shared;
-        slots.lock().unwrap()[self.rank] = data.to_vec();
-        barrier.wait();
-        let all = slots.lock().unwrap().clone();
-        barrier.wait();
-        all
-    }
-}
-
-impl Collective for ThreadGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.shared.0.lock().unwrap().len()
-    }
-
-    fn all_reduce_sum(&self, data: &mut [f32]) {
-        let all = self.exchange(data);
-        for (i, v) in data.iter_mut().enumerate() {
-            *v = all.iter().map(|r| r[i]).sum();
-        }
-    }
-
-    fn all_gather(&self, data: &[f32], out: &mut [f32]) {
-        out.copy_from_slice(&self.exchange(data).concat());
     }
 }
 

@@ -1,8 +1,11 @@
 //! `Linear`: `y = x Wᵀ + b`, replicated or split Megatron-style over the tensor-parallel group.
 
+use std::cell::OnceCell;
+
 use tch::nn::Path;
 use tch::Tensor;
 
+use crate::lora::Adapter;
 use crate::tp::{GradSync, ParamSpec, Pass, Shard, TpContext};
 
 /// How a linear's weight starts.
@@ -96,9 +99,11 @@ pub(crate) fn shard_var(
     p.var_copy(leaf, &spec.shard_of(&full, tp.rank()))
 }
 
-/// A dense layer holding this rank's shard.
+/// A dense layer holding this rank's shard, optionally with a low-rank adapter.
 #[derive(Debug)]
 pub struct Linear {
+    /// State-dict name of the module (`transformer.layers.0.linear_qkv`).
+    name: String,
     /// Local weight: `[out, in]`, `[out/tp, in]` (column) or `[out, in/tp]` (row).
     pub weight: Tensor,
     /// Local bias: `[out]`, or `[out/tp]` when column-parallel.
@@ -107,6 +112,7 @@ pub struct Linear {
     /// This rank's width of each named part of a column-parallel output (empty: no parts).
     local_parts: Vec<i64>,
     tp: TpContext,
+    adapter: OnceCell<Adapter>,
 }
 
 impl Linear {
@@ -135,27 +141,59 @@ impl Linear {
             Shard::Replicated | Shard::Row => Vec::new(),
         };
         Self {
+            name: p.components().collect::<Vec<_>>().join("."),
             weight,
             bias,
             shard: decl.shard,
             local_parts,
             tp: tp.clone(),
+            adapter: OnceCell::new(),
+        }
+    }
+
+    /// State-dict name of the module; its parameters are `{name}.weight` and `{name}.bias`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the weight is split over the group.
+    pub fn shard(&self) -> Shard {
+        self.shard
+    }
+
+    /// Add `adapter`'s low-rank update to every later forward pass; refused (handing it back)
+    /// when the layer has one already.
+    pub fn attach(&self, adapter: Adapter) -> Result<(), Adapter> {
+        self.adapter.set(adapter)
+    }
+
+    /// The attached adapter, if any.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.get()
+    }
+
+    /// `y` plus the adapter's update of `x`, when there is one.
+    fn adapted(&self, y: Tensor, x: &Tensor) -> Tensor {
+        match self.adapter.get() {
+            Some(adapter) => y + adapter.delta(x),
+            None => y,
         }
     }
 
     /// `x [.., in]` → `[.., out]`; column-parallel gives this rank's `[.., out/tp]` slice, and a
     /// row-parallel layer takes the `[.., in/tp]` slice and returns the all-reduced full output.
+    /// An adapter's update joins the base output before the row-parallel sum, so it costs no
+    /// collective of its own.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         match self.shard {
-            Shard::Replicated => x.linear(&self.weight, self.bias.as_ref()),
-            Shard::Column => self
-                .tp
-                .copy_to_region(x)
-                .linear(&self.weight, self.bias.as_ref()),
+            Shard::Replicated => self.adapted(x.linear(&self.weight, self.bias.as_ref()), x),
+            Shard::Column => {
+                let x = self.tp.copy_to_region(x);
+                self.adapted(x.linear(&self.weight, self.bias.as_ref()), &x)
+            }
             Shard::Row => {
-                let y = self
-                    .tp
-                    .reduce_from_region(&x.linear::<Tensor>(&self.weight, None));
+                let partial = self.adapted(x.linear::<Tensor>(&self.weight, None), x);
+                let y = self.tp.reduce_from_region(&partial);
                 match &self.bias {
                     Some(b) => y + b,
                     None => y,

@@ -21,6 +21,7 @@ pub use collective::{Collective, SingleRank};
 pub use context::{CollectiveCounts, TpContext};
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};
 pub use grads::{all_reduce_grads, BUCKET_ELEMENTS};
+pub(crate) use linear::shard_var;
 pub use linear::{Linear, LinearDecl, LinearInit};
 pub use norm::{LayerNorm, NormDecl, RmsNorm};
 pub use param::{ParamDecl, ParamInit};

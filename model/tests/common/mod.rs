@@ -1,6 +1,8 @@
 //! Helpers shared by the model's integration tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod threads;
+
 use std::path::PathBuf;
 
 use flux_model::{FluxBatch, FluxConfig};

@@ -1,0 +1,39 @@
+//! One low-rank adapter: the update `(α/r) · B · A · x` a `Linear` adds to its output.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use tch::Tensor;
+
+/// LoRA's `A [r, in]` and `B [out, r]` on one rank, split like the base weight: under a
+/// column-parallel base this rank holds `B`'s rows of its output slice (`A` whole), under a
+/// row-parallel base `A`'s columns of its input slice (`B` whole).
+#[derive(Debug)]
+pub struct Adapter {
+    /// Down-projection `A`, `[r, in]` or `[r, in/tp]`.
+    pub a: Tensor,
+    /// Up-projection `B`, `[out, r]` or `[out/tp, r]`; starts at zero, so a new adapter changes
+    /// nothing.
+    pub b: Tensor,
+    /// `α / r`.
+    pub scale: f64,
+    /// Dropout on the adapter's input while training.
+    pub dropout: f64,
+    /// Whether the model is in a training forward pass (shared by all adapters of a model).
+    pub training: Rc<Cell<bool>>,
+}
+
+impl Adapter {
+    /// `x [.., in]` (this rank's input to the layer) → the update `[.., out]` of this rank's
+    /// output (a partial sum, like the base's, under a row-parallel base).
+    pub fn delta(&self, x: &Tensor) -> Tensor {
+        let x = if self.dropout > 0.0 {
+            x.dropout(self.dropout, self.training.get())
+        } else {
+            x.shallow_clone()
+        };
+        x.linear::<Tensor>(&self.a, None)
+            .linear::<Tensor>(&self.b, None)
+            * self.scale
+    }
+}

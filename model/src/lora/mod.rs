@@ -1,0 +1,228 @@
+//! LoRA (Hu et al., 2021) on any `#[linear]` of any model: adapters split over the
+//! tensor-parallel group like the weight they wrap, in a parameter store of their own that
+//! training, checkpoints and export use while the base model stays frozen.
+//!
+//! - [`targets`]: which linears a `[lora] targets` pattern selects.
+//! - [`Adapter`]: the update one layer adds.
+//! - [`Adapters`]: every adapter of a model, with its store.
+//! - [`export`]: adapters in diffusers/PEFT's layout.
+
+mod adapter;
+pub mod export;
+pub mod targets;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use tch::{Kind, Tensor};
+
+use crate::tp::{shard_var, GradSync, Linear, ParamSpec, ShardedStore};
+use crate::{ConfigError, DiffusionModel};
+
+pub use adapter::Adapter;
+
+/// Rank, strength and dropout of every adapter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraSettings {
+    /// Rank `r` of each update `B · A`.
+    pub rank: i64,
+    /// `α`: the update is scaled by `α / r`.
+    pub alpha: f64,
+    /// Dropout probability on each adapter's input while training.
+    pub dropout: f64,
+}
+
+impl LoraSettings {
+    /// Check the values; the error names the `[lora]` field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.rank <= 0 {
+            return Err(ConfigError::new(
+                "lora.rank",
+                format!("must be positive, got {}", self.rank),
+            ));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(ConfigError::new(
+                "lora.alpha",
+                format!("must be positive, got {}", self.alpha),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ConfigError::new(
+                "lora.dropout",
+                format!("must be in [0, 1), got {}", self.dropout),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `α / r`.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+}
+
+/// The adapters of one model on one rank: their parameters (`{module}.lora_A.weight`,
+/// `{module}.lora_B.weight`) and the modules they wrap.
+#[derive(Debug)]
+pub struct Adapters {
+    store: ShardedStore,
+    modules: Vec<String>,
+    settings: LoraSettings,
+    training: Rc<Cell<bool>>,
+}
+
+/// The specs of the adapter on a linear whose weight is `base` (`[out, in]`): `A [r, in]` takes
+/// the base's input split, `B [out, r]` its output split (parts included); the half that stays
+/// whole on a split base sees partial gradients on each rank, summed over the group.
+fn adapter_specs(module: &str, base: &ParamSpec, rank: i64) -> [ParamSpec; 2] {
+    let (out_dim, in_dim) = (base.shape[0], base.shape[1]);
+    let spec = |leaf: &str, shape: Vec<i64>, split: usize| {
+        let mut s = ParamSpec::replicated(format!("{module}.{leaf}.weight"), shape, base.tp_size);
+        if base.split_dim == Some(split) {
+            s.split_dim = Some(split);
+            s.parts = base.parts.clone();
+        } else if base.split_dim.is_some() {
+            s.grad_sync = GradSync::SumOverGroup;
+        }
+        s
+    };
+    [
+        spec("lora_A", vec![rank, in_dim], 1),
+        spec("lora_B", vec![out_dim, rank], 0),
+    ]
+}
+
+impl Adapters {
+    /// Wrap every linear of `model` that a pattern of `targets` selects (see
+    /// [`targets::matches`]) with a new adapter: `A` Kaiming-uniform (PEFT's initialisation,
+    /// `U(±1/√in)`), `B` zero, drawn from libtorch's global generator on the logical shapes so
+    /// every tensor-parallel size starts alike. Fails, naming the `[lora]` field, for bad
+    /// settings, a pattern that selects nothing, a rank above a layer's smaller side, or a
+    /// linear that has an adapter already.
+    pub fn attach(
+        model: &dyn DiffusionModel,
+        settings: LoraSettings,
+        targets: &[String],
+    ) -> Result<Self, ConfigError> {
+        settings.validate()?;
+        if targets.is_empty() {
+            return Err(ConfigError::new("lora.targets", "names no layer pattern"));
+        }
+        let mut linears: Vec<&Linear> = Vec::new();
+        model.visit_linears(&mut |l| linears.push(l));
+        for pattern in targets {
+            if !linears.iter().any(|l| targets::matches(pattern, l.name())) {
+                let examples: Vec<&str> = linears.iter().take(4).map(|l| l.name()).collect();
+                return Err(ConfigError::new(
+                    "lora.targets",
+                    format!(
+                        "`{pattern}` matches no linear layer of this model (its linears are named \
+                         like {})",
+                        examples.join(", ")
+                    ),
+                ));
+            }
+        }
+        let chosen: Vec<&Linear> = linears
+            .into_iter()
+            .filter(|l| targets.iter().any(|p| targets::matches(p, l.name())))
+            .collect();
+        let bases: HashMap<&str, &ParamSpec> = model
+            .store()
+            .param_specs()
+            .iter()
+            .map(|s| (s.name.as_str(), s))
+            .collect();
+        let mut specs = Vec::new();
+        for linear in &chosen {
+            let base = bases[format!("{}.weight", linear.name()).as_str()];
+            let smaller = base.shape[0].min(base.shape[1]);
+            if settings.rank > smaller {
+                return Err(ConfigError::new(
+                    "lora.rank",
+                    format!(
+                        "{} is larger than `{}` ({:?}): the rank must be at most {smaller}",
+                        settings.rank,
+                        linear.name(),
+                        base.shape
+                    ),
+                ));
+            }
+            if linear.adapter().is_some() {
+                return Err(ConfigError::new(
+                    "lora.targets",
+                    format!("`{}` has an adapter already", linear.name()),
+                ));
+            }
+            specs.extend(adapter_specs(linear.name(), base, settings.rank));
+        }
+        let training = Rc::new(Cell::new(false));
+        let store = model.store();
+        let (store, ()) = ShardedStore::build(
+            store.vs.device(),
+            store.tp().clone(),
+            specs.clone(),
+            |root, tp| {
+                let device = root.device();
+                for (linear, pair) in chosen.iter().zip(specs.chunks(2)) {
+                    let path = |leaf: &str| {
+                        format!("{}.{leaf}", linear.name())
+                            .split('.')
+                            .fold(root.clone(), |p, part| p.sub(part))
+                    };
+                    let fan_in = pair[0].shape[1] as f64;
+                    let a = shard_var(&path("lora_A"), &pair[0], tp, |s| {
+                        let bound = 1.0 / fan_in.sqrt();
+                        Tensor::empty(s, (Kind::Float, device)).uniform_(-bound, bound)
+                    });
+                    let b = shard_var(&path("lora_B"), &pair[1], tp, |s| {
+                        Tensor::zeros(s, (Kind::Float, device))
+                    });
+                    let adapter = Adapter {
+                        a,
+                        b,
+                        scale: settings.scale(),
+                        dropout: settings.dropout,
+                        training: training.clone(),
+                    };
+                    linear
+                        .attach(adapter)
+                        .expect("checked above: no adapter yet");
+                }
+            },
+        )?;
+        Ok(Self {
+            store,
+            modules: chosen.iter().map(|l| l.name().to_string()).collect(),
+            settings,
+            training,
+        })
+    }
+
+    /// The adapters' parameters (what training updates and checkpoints hold).
+    pub fn store(&self) -> &ShardedStore {
+        &self.store
+    }
+
+    /// As [`Adapters::store`], to load or cast.
+    pub fn store_mut(&mut self) -> &mut ShardedStore {
+        &mut self.store
+    }
+
+    /// State-dict names of the wrapped modules, in model order.
+    pub fn modules(&self) -> &[String] {
+        &self.modules
+    }
+
+    /// Rank, strength and dropout.
+    pub fn settings(&self) -> LoraSettings {
+        self.settings
+    }
+
+    /// Switch the adapters' dropout on (training forward passes) or off.
+    pub fn set_training(&self, on: bool) {
+        self.training.set(on);
+    }
+}

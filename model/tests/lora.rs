@@ -1,0 +1,206 @@
+//! LoRA on every linear of FLUX.1 (replicated, column- and row-parallel, fused parts): a new
+//! adapter changes nothing, the base stays frozen, two tensor-parallel ranks (threads joined by
+//! a shared-memory collective) match one process in output and in every adapter gradient to
+//! 1e-5 relative, and the diffusers export names each fused part's module.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::threads::ThreadGroup;
+use common::tiny_config;
+use flux_model::lora::{export, Adapters, LoraSettings};
+use flux_model::tp::{Shard, TpContext};
+use flux_model::{DiffusionBatch, FluxConfig, ModelSpec};
+use tch::{Device, Kind, Tensor};
+
+const TOLERANCE: f64 = 1e-5;
+
+const SETTINGS: LoraSettings = LoraSettings {
+    rank: 2,
+    alpha: 4.0,
+    dropout: 0.0,
+};
+
+fn spec() -> ModelSpec {
+    ModelSpec::new(FluxConfig {
+        guidance_embed: true,
+        ..tiny_config()
+    })
+}
+
+fn all() -> Vec<String> {
+    vec!["*".to_string()]
+}
+
+/// Output and logical adapter gradients of the model on `tp` with `base` and `adapter` weights.
+fn run(
+    tp: TpContext,
+    base: &HashMap<String, Tensor>,
+    adapter: &HashMap<String, Tensor>,
+    batch: &DiffusionBatch,
+) -> (Tensor, Vec<(String, Tensor)>) {
+    let mut model = spec().build(Device::Cpu, tp).unwrap();
+    model.store_mut().load_logical(base).unwrap();
+    model.store_mut().vs.freeze();
+    let mut adapters = Adapters::attach(model.as_ref(), SETTINGS, &all()).unwrap();
+    adapters.store_mut().load_logical(adapter).unwrap();
+    adapters.set_training(true);
+    let y = model.forward(batch, true).unwrap();
+    let probe = Tensor::arange(y.numel() as i64, (Kind::Float, Device::Cpu))
+        .view(y.size().as_slice())
+        .cos();
+    (&y * probe).sum(Kind::Float).backward();
+    adapters.store().finish_grads();
+    for var in model.store().vs.variables().values() {
+        assert!(!var.grad().defined(), "a frozen base weight got a gradient");
+    }
+    (y.detach(), adapters.store().gather_logical(true))
+}
+
+#[test]
+fn adapters_on_every_linear_match_across_two_ranks_and_start_as_no_change() {
+    tch::manual_seed(11);
+    let model = spec().build(Device::Cpu, TpContext::single()).unwrap();
+    let base: HashMap<String, Tensor> = model.store().gather_logical(false).into_iter().collect();
+    let batch = DiffusionBatch::random(&spec().inputs(), 2, 4, 6, 5, Device::Cpu);
+    let before = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+
+    // Every kind of linear is wrapped, and a new adapter (B = 0) leaves the output unchanged.
+    let adapters = Adapters::attach(model.as_ref(), SETTINGS, &all()).unwrap();
+    let mut shards = Vec::new();
+    model.visit_linears(&mut |l| shards.push(l.shard()));
+    assert_eq!(adapters.modules().len(), shards.len());
+    for kind in [Shard::Replicated, Shard::Column, Shard::Row] {
+        assert!(shards.contains(&kind), "{kind:?}");
+    }
+    let after = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    assert!(before.equal(&after));
+
+    // Nonzero adapters (B random), the same logical values on every group size.
+    let adapter: HashMap<String, Tensor> = adapters
+        .store()
+        .param_specs()
+        .iter()
+        .map(|s| {
+            (
+                s.name.clone(),
+                Tensor::randn(s.shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.1,
+            )
+        })
+        .collect();
+    let (y1, grads1) = run(TpContext::single(), &base, &adapter, &batch);
+    assert!(
+        !y1.allclose(&before, 1e-3, 1e-3, false),
+        "the adapters change the output"
+    );
+    let ranks: Vec<_> = ThreadGroup::group(2)
+        .into_iter()
+        .map(|comm| {
+            let copy = |m: &HashMap<String, Tensor>| -> HashMap<String, Tensor> {
+                m.iter().map(|(k, v)| (k.clone(), v.copy())).collect()
+            };
+            let (base, adapter) = (copy(&base), copy(&adapter));
+            let batch = batch.narrow(0, 2);
+            std::thread::spawn(move || run(TpContext::new(Box::new(comm)), &base, &adapter, &batch))
+        })
+        .collect();
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let (y2, grads2) = handle.join().unwrap();
+        let dy = (&y2 - &y1).abs().max().double_value(&[]);
+        assert!(dy <= TOLERANCE, "rank {rank}: output max|Δ| {dy:e}");
+        for ((name, g1), (_, g2)) in grads1.iter().zip(&grads2) {
+            let scale = g1.abs().max().double_value(&[]);
+            assert!(scale > 0.0, "`{name}` has no gradient");
+            let dg = (g1 - g2).abs().max().double_value(&[]) / scale;
+            assert!(
+                dg <= TOLERANCE,
+                "rank {rank}: `{name}` max|Δ|/max|g| {dg:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_settings_and_targets_name_the_lora_field() {
+    let model = spec().build(Device::Cpu, TpContext::single()).unwrap();
+    let attach = |settings: LoraSettings, targets: &[&str]| {
+        let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+        Adapters::attach(model.as_ref(), settings, &targets).unwrap_err()
+    };
+    let e = attach(SETTINGS, &["linear_qkv", "to_q"]);
+    assert_eq!(e.field, "lora.targets");
+    assert!(
+        e.message.starts_with("`to_q` matches no linear layer"),
+        "{e}"
+    );
+    let e = attach(
+        LoraSettings {
+            rank: 0,
+            ..SETTINGS
+        },
+        &["*"],
+    );
+    assert_eq!(e.field, "lora.rank");
+    let e = attach(
+        LoraSettings {
+            rank: 13,
+            ..SETTINGS
+        },
+        &["*"],
+    );
+    assert_eq!(e.field, "lora.rank");
+    assert!(e.message.contains("the rank must be at most 8"), "{e}");
+    let e = attach(
+        LoraSettings {
+            dropout: 1.0,
+            ..SETTINGS
+        },
+        &["*"],
+    );
+    assert_eq!(e.field, "lora.dropout");
+}
+
+#[test]
+fn diffusers_export_gives_each_fused_part_the_same_a_and_its_rows_of_b() {
+    tch::manual_seed(3);
+    let spec = spec();
+    let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    let mut adapters = Adapters::attach(
+        model.as_ref(),
+        SETTINGS,
+        &["layers.0.self_attention.linear_qkv".to_string()],
+    )
+    .unwrap();
+    let b = Tensor::randn([192, 2], (Kind::Float, Device::Cpu));
+    let values: HashMap<String, Tensor> = adapters
+        .store()
+        .gather_logical(false)
+        .into_iter()
+        .map(|(k, v)| {
+            if k.ends_with("lora_B.weight") {
+                (k, b.copy())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    adapters.store_mut().load_logical(&values).unwrap();
+    let out: HashMap<String, Tensor> = export::diffusers_state_dict(&adapters, &spec)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let a = &values["transformer.layers.0.self_attention.linear_qkv.lora_A.weight"];
+    let scale = SETTINGS.alpha / SETTINGS.rank as f64;
+    for (i, part) in ["to_q", "to_k", "to_v"].iter().enumerate() {
+        let key =
+            |leaf: &str| format!("transformer.transformer_blocks.0.attn.{part}.{leaf}.weight");
+        assert!(out[&key("lora_A")].equal(a));
+        let expected = b.narrow(0, 64 * i as i64, 64) * scale;
+        assert!(
+            out[&key("lora_B")].allclose(&expected, 1e-6, 1e-6, false),
+            "{part}"
+        );
+    }
+    assert_eq!(out.len(), 6);
+}
