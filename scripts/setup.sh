@@ -7,7 +7,7 @@
 #    for the local test cluster of scripts/slurm-local.sh).
 # 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
 #    and the reference packages used to make test fixtures and benchmarks (diffusers,
-#    safetensors, h5py).
+#    safetensors, h5py, and peft for diffusers' LoRA loader).
 # 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
 #    so plain `cargo build` / `cargo test` need no exported variables.
 # A second run only checks and skips.
@@ -18,6 +18,7 @@ cd "$root"
 
 TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
+PEFT_VERSION=0.21.2
 APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
               libopenmpi-dev openmpi-bin fonts-dejavu-core slurm-wlm munge)
 
@@ -58,6 +59,13 @@ if ! $py -c "import diffusers, safetensors, h5py; assert diffusers.__version__ =
     $py -m pip install -q "diffusers==$DIFFUSERS_VERSION" safetensors numpy h5py
 else
     say "diffusers $DIFFUSERS_VERSION, safetensors and h5py present in .venv"
+fi
+# PEFT: diffusers' LoRA loader, which the LoRA tests load flux-hpc's adapters through.
+if ! $py -c "import peft; assert peft.__version__ == '$PEFT_VERSION'" 2>/dev/null; then
+    say "installing peft==$PEFT_VERSION into .venv"
+    $py -m pip install -q "peft==$PEFT_VERSION"
+else
+    say "peft $PEFT_VERSION present in .venv"
 fi
 
 # --- 3. libtorch link used by .cargo/config.toml ------------------------------------------------

@@ -15,7 +15,6 @@ use flux_train::{
     starting_checkpoint, Cadence, CheckpointFormat, RunConfig, StartPolicy, StepError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tch::Tensor;
 
 use crate::{ConfigArgs, DeviceArgs};
 
@@ -37,7 +36,8 @@ pub struct TrainArgs {
 }
 
 /// Train, resuming from `[checkpoint] dir`'s `latest` when there is one; writes checkpoints,
-/// `metrics.jsonl`, `loss_curve.png`, `config.toml` and `final.safetensors` into that directory.
+/// `metrics.jsonl`, `loss_curve.png`, `config.toml` and `final.safetensors` (under `[lora]`:
+/// `final_lora.safetensors`) into that directory.
 pub fn run(args: TrainArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let signals = StopSignals::install(&run.slurm.signal).context("installing signal handlers")?;
@@ -78,6 +78,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             ?device,
             architecture = run.model.architecture(),
             params = run.model.num_params(),
+            trained_on_this_rank = trainer.trained().num_local_params(true),
             "training steps {}..{stop} of {}, {} samples each",
             first_step + 1,
             t.total_steps,
@@ -126,10 +127,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         world: world.world.as_ref(),
     };
     let save = |trainer: &Trainer| {
-        writer.save(
-            &trainer.checkpoint_state(),
-            trainer.model().store().param_specs(),
-        )
+        writer.save(&trainer.checkpoint_state(), trainer.trained().param_specs())
     };
 
     let bar = if leader {
@@ -216,11 +214,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let weights: Vec<(String, Tensor)> = trainer.model().store().gather_logical(false);
+    let (file, weights) = trainer.final_weights();
     if leader {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
-        flux_data::convert::write_tensors(&dir.join("final.safetensors"), &weights)?;
-        summarize(&records, start, dir);
+        flux_data::convert::write_tensors(&dir.join(file), &weights)?;
+        summarize(&records, start, &dir.join(file), dir);
     }
     Ok(())
 }
@@ -323,7 +321,7 @@ fn step_record(
     }
 }
 
-fn summarize(records: &[StepRecord], start: Instant, dir: &Path) {
+fn summarize(records: &[StepRecord], start: Instant, weights: &Path, dir: &Path) {
     let eval: Vec<f64> = records.iter().filter_map(|r| r.eval_loss).collect();
     let (first, last) = (
         eval.first().copied().unwrap_or(f64::NAN),
@@ -341,10 +339,7 @@ fn summarize(records: &[StepRecord], start: Instant, dir: &Path) {
     println!("held-out curve    {}", sparkline(&eval));
     println!("metrics           {}", dir.join("metrics.jsonl").display());
     println!("loss curve        {}", dir.join("loss_curve.png").display());
-    println!(
-        "weights           {}",
-        dir.join("final.safetensors").display()
-    );
+    println!("weights           {}", weights.display());
 }
 
 /// The values as a row of block characters scaled between their minimum and maximum.

@@ -4,6 +4,7 @@
 //! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
 //! data-parallel training loop.
 
+mod base_weights;
 mod cadence;
 mod data_source;
 mod fused_adamw;
@@ -20,12 +21,13 @@ pub mod step_data;
 pub mod timesteps;
 mod trainer;
 
+pub use base_weights::load_base;
 pub use cadence::{AfterStep, Cadence};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
-    CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LrSchedule, NonFinitePolicy,
-    OptimizationConfig, Precision, TrainingConfig,
+    CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LoraConfig, LrSchedule,
+    NonFinitePolicy, OptimizationConfig, Precision, TrainingConfig,
 };
 pub use trainer::{build_model, NonFiniteReport, StepError, StepStats, Trainer};

@@ -118,7 +118,7 @@ fn newest_usable_checkpoint(
 
 /// The architecture a checkpoint's stored run config names (`"flux"` for configs from before
 /// architectures were named, whose `[model]` table has no `architecture` key).
-fn stored_architecture(config: &str) -> Result<String, String> {
+pub(crate) fn stored_architecture(config: &str) -> Result<String, String> {
     let table: toml::Table = config
         .parse()
         .map_err(|e| format!("its stored run config is not valid TOML: {e}"))?;

@@ -7,6 +7,7 @@
 //! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
 //! [data]           # where latents come from
 //! [checkpoint]     # the run directory
+//! [lora]           # optional: train low-rank adapters on a frozen base
 //! ```
 //!
 //! Unknown tables or keys are errors; `--set table.key=value` overrides are applied to the TOML
@@ -17,7 +18,9 @@ use std::path::Path;
 use flux_cluster::slurm::SlurmConfig;
 use flux_model::{ConfigError, ModelSpec};
 
-use crate::sections::{CheckpointConfig, DataConfig, OptimizationConfig, TrainingConfig};
+use crate::sections::{
+    CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, TrainingConfig,
+};
 use serde::{Deserialize, Serialize};
 
 /// How the world of ranks is divided.
@@ -99,6 +102,9 @@ pub struct RunConfig {
     /// `[slurm]`: how `flux-hpc sbatch` submits the run.
     #[serde(default)]
     pub slurm: SlurmConfig,
+    /// `[lora]`: adapters to train instead of the whole model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 /// Why a run config could not be used; every variant names the file and, where known, the field.
@@ -206,6 +212,18 @@ impl RunConfig {
         self.checkpoint
             .validate()
             .map_err(|e| e.within("checkpoint"))?;
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
+            ConfigError::check(
+                !(self.training.recompute && lora.dropout > 0.0),
+                "training.recompute",
+                || {
+                    "recomputation replays layers without the adapters' dropout masks; set \
+                     lora.dropout to 0 or turn recompute off"
+                        .into()
+                },
+            )?;
+        }
         self.slurm.validate().map_err(|e| e.within("slurm"))
     }
 }

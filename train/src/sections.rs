@@ -1,7 +1,9 @@
-//! The `[training]`, `[optimization]`, `[data]` and `[checkpoint]` tables of a run config.
+//! The `[training]`, `[optimization]`, `[data]`, `[checkpoint]` and `[lora]` tables of a run
+//! config.
 
 use std::path::PathBuf;
 
+use flux_model::lora::LoraSettings;
 use flux_model::ConfigError;
 use serde::{Deserialize, Serialize};
 
@@ -389,5 +391,52 @@ impl CheckpointConfig {
         ConfigError::check(self.keep >= 1, "keep", || {
             "must keep at least 1 checkpoint".into()
         })
+    }
+}
+
+/// `[lora]`: train low-rank adapters on the selected linears while the base model stays frozen
+/// (its weights from `base`); checkpoints then hold the adapters only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Rank `r` of each update.
+    pub rank: i64,
+    /// Strength `α` (the update is scaled by `α / r`); default `r`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// Dropout on each adapter's input while training.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Patterns over the linears' state-dict module names (`*` wildcards; a pattern also matches
+    /// a dotted suffix), e.g. `["self_attention.linear_qkv", "layers.*.linear_fc2"]`.
+    pub targets: Vec<String>,
+    /// The frozen base weights: a native checkpoint (`step_*/`, or a run directory's `latest`;
+    /// `flux-hpc convert` writes one from BFL or diffusers files). Without it the base is the
+    /// seeded random initialisation (tests, smoke runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<PathBuf>,
+}
+
+impl LoraConfig {
+    /// Rank, strength and dropout of every adapter.
+    pub fn settings(&self) -> LoraSettings {
+        LoraSettings {
+            rank: self.rank,
+            alpha: self.alpha.unwrap_or(self.rank as f64),
+            dropout: self.dropout,
+        }
+    }
+
+    /// Check the table; the error's field is `lora.key`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.settings().validate()?;
+        ConfigError::check(!self.targets.is_empty(), "lora.targets", || {
+            "names no layer pattern; list the linears to adapt, e.g. [\"linear_qkv\"]".into()
+        })?;
+        ConfigError::check(
+            self.base.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),
+            "lora.base",
+            || "is empty; name a native checkpoint or leave the key out".into(),
+        )
     }
 }

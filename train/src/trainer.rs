@@ -6,10 +6,12 @@ use std::time::Instant;
 use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
-use flux_model::tp::{all_reduce_grads, Collective, TpContext};
+use flux_model::lora::Adapters;
+use flux_model::tp::{all_reduce_grads, Collective, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
+use crate::base_weights::load_base;
 use crate::data_source::DataSource;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
@@ -93,6 +95,8 @@ impl StepError {
 pub struct Trainer<'a> {
     run: RunConfig,
     model: Box<dyn DiffusionModel>,
+    /// Under `[lora]`: the adapters trained in place of the (frozen) model.
+    adapters: Option<Adapters>,
     optimizer: AdamW,
     data: DataSource,
     /// Global samples consumed (the counter the next step starts at).
@@ -153,11 +157,28 @@ impl<'a> Trainer<'a> {
                 format!("latent sides must be multiples of patch_size {p}"),
             ));
         }
-        let model = build_model(run, device, tp)?;
-        let optimizer = AdamW::new(named_params(model.store()), &run.optimization);
+        let mut model = build_model(run, device, tp)?;
+        let adapters = match &run.lora {
+            None => None,
+            Some(lora) => {
+                if let Some(base) = &lora.base {
+                    load_base(model.store_mut(), base, run.model.architecture())?;
+                }
+                model.store_mut().vs.freeze();
+                let mut adapters =
+                    Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
+                if t.precision == Precision::Bf16 {
+                    adapters.store_mut().vs.bfloat16();
+                }
+                Some(adapters)
+            }
+        };
+        let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
+        let optimizer = AdamW::new(named_params(trained), &run.optimization);
         Ok(Self {
             run: run.clone(),
             model,
+            adapters,
             optimizer,
             data: DataSource::open(run)?,
             consumed: 0,
@@ -174,6 +195,19 @@ impl<'a> Trainer<'a> {
         self.model.as_ref()
     }
 
+    /// The LoRA adapters, under `[lora]`.
+    pub fn adapters(&self) -> Option<&Adapters> {
+        self.adapters.as_ref()
+    }
+
+    /// The parameters training updates and checkpoints hold: the adapters under `[lora]`, else
+    /// the model's.
+    pub fn trained(&self) -> &ShardedStore {
+        self.adapters
+            .as_ref()
+            .map_or(self.model.store(), Adapters::store)
+    }
+
     /// Optimizer steps taken.
     pub fn step(&self) -> u64 {
         self.step
@@ -188,6 +222,9 @@ impl<'a> Trainer<'a> {
     }
 
     fn loss_of(&self, d: &StepData, train: bool) -> tch::Tensor {
+        if let Some(adapters) = &self.adapters {
+            adapters.set_training(train);
+        }
         let batch = d.batch.to_kind(self.model.kind());
         let prediction = self
             .model
@@ -240,13 +277,13 @@ impl<'a> Trainer<'a> {
             loss.backward();
             local_loss += loss.double_value(&[]);
         }
-        self.model.store().finish_grads();
-        let params = self.model.store().vs.trainable_variables();
+        self.trained().finish_grads();
+        let params = self.trained().vs.trainable_variables();
         all_reduce_grads(&params, self.dp, 1.0);
         let mut loss = [local_loss as f32];
         self.dp.all_reduce_sum(&mut loss);
         let loss = loss[0] as f64;
-        let grad_norm = clip_grad_norm(self.model.store(), self.run.optimization.gradient_clip);
+        let grad_norm = clip_grad_norm(self.trained(), self.run.optimization.gradient_clip);
         let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
         self.consecutive_skips = if skipped {
@@ -291,9 +328,8 @@ impl<'a> Trainer<'a> {
 
     /// Names of this rank's parameters whose gradient holds a NaN or an infinity.
     fn nonfinite_grads(&self) -> Vec<String> {
-        let vars = self.model.store().vs.variables();
-        self.model
-            .store()
+        let vars = self.trained().vs.variables();
+        self.trained()
             .param_specs()
             .iter()
             .filter(|spec| {
@@ -349,8 +385,8 @@ impl<'a> Trainer<'a> {
     /// taken: fails naming both architectures, a missing tensor, or those the model lacks.
     pub fn restore(&mut self, checkpoint: &LoadedCheckpoint) -> Result<(), String> {
         check_architecture(checkpoint, self.run.model.architecture())?;
-        let rank = self.model.store().tp().rank();
-        let specs = self.model.store().param_specs().to_vec();
+        let rank = self.trained().tp().rank();
+        let specs = self.trained().param_specs().to_vec();
         let group = |name: &str| -> Result<Vec<tch::Tensor>, String> {
             let tensors = checkpoint
                 .tensors
@@ -416,6 +452,26 @@ impl<'a> Trainer<'a> {
         self.step = checkpoint.step;
         self.consumed = self.data.counter(checkpoint.data);
         Ok(())
+    }
+
+    /// What a finished run leaves in its directory: the file name and its logical tensors (a
+    /// collective over the tensor-parallel group). The model's weights in native names
+    /// (`final.safetensors`); under `[lora]` the adapters (`final_lora.safetensors`) in
+    /// diffusers' LoRA layout, which diffusers' `load_lora_weights` reads, or in native names for
+    /// an architecture without one.
+    pub fn final_weights(&self) -> (&'static str, Vec<(String, tch::Tensor)>) {
+        match &self.adapters {
+            None => (
+                "final.safetensors",
+                self.model.store().gather_logical(false),
+            ),
+            Some(adapters) => {
+                let tensors =
+                    flux_model::lora::export::diffusers_state_dict(adapters, &self.run.model)
+                        .unwrap_or_else(|_| adapters.store().gather_logical(false));
+                ("final_lora.safetensors", tensors)
+            }
+        }
     }
 
     /// Peak resident memory of this process, MiB.

@@ -1,0 +1,199 @@
+//! LoRA end to end: adapters trained on a frozen base load into diffusers' own Flux transformer
+//! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32); a LoRA run on
+//! TP2×DP2 (`mpirun -np 4`) logs what one process logs and resumes step for step; its
+//! checkpoints hold the adapters only; a pattern that selects nothing or a base of another
+//! architecture is refused before training.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::{assert_same_records, flux_hpc, ok, python, records, temp_dir, train, train_config};
+use flux_data::checkpoint;
+use flux_model::lora::Adapters;
+use flux_model::tp::TpContext;
+use flux_model::DiffusionBatch;
+use flux_train::{load_base, RunConfig};
+use tch::{Device, Tensor};
+
+/// f32 forward of two implementations: only the order of sums differs.
+const TOLERANCE: f64 = 1e-4;
+
+/// flux_tiny with diffusers' 256-channel timestep embedding (so diffusers can express it).
+const DIFFUSERS_SHAPE: &str = "model.model_channels=256";
+
+/// The settings of every LoRA run here: rank 4, α 8, every linear, no warm-up.
+const LORA: [&str; 4] = [
+    "lora.rank=4",
+    "lora.alpha=8.0",
+    "lora.targets=[\"*\"]",
+    "optimization.warmup_steps=0",
+];
+
+fn lora_args<'a>(base: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = LORA.to_vec();
+    args.push(base);
+    args.extend(extra);
+    args
+}
+
+#[test]
+fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader() {
+    let dir = temp_dir("lora-diffusers");
+    let (base, run, export) = (dir.join("base"), dir.join("lora"), dir.join("diffusers"));
+    ok(&train(
+        None,
+        &base,
+        &[DIFFUSERS_SHAPE, "training.total_steps=2"],
+    ));
+    let base_arg = format!("lora.base=\"{}\"", base.display());
+    ok(&train(
+        None,
+        &run,
+        &lora_args(&base_arg, &[DIFFUSERS_SHAPE, "training.total_steps=5"]),
+    ));
+    // Adapters only in the checkpoint; the final adapters in diffusers' LoRA names.
+    let saved = checkpoint::load(&run.join("step_000000005")).unwrap();
+    assert!(saved.tensors["params"].keys().all(|k| k.contains(".lora_")));
+    let lora = run.join("final_lora.safetensors");
+    let exported: HashMap<String, Tensor> = Tensor::read_safetensors(&lora)
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert!(exported.contains_key("transformer.transformer_blocks.0.attn.to_q.lora_A.weight"));
+    assert!(exported.contains_key("transformer.single_transformer_blocks.1.proj_mlp.lora_B.weight"));
+
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    ok(&flux_hpc(&[
+        "convert",
+        "--from",
+        "native",
+        "--to",
+        "diffusers",
+        &path(&base),
+        &path(&export),
+        "--dtype",
+        "f32",
+    ]));
+    let io_path = dir.join("io.safetensors");
+    ok(&python(
+        "diffusers_forward.py",
+        &[export.as_os_str(), io_path.as_os_str(), lora.as_os_str()],
+    ));
+    let io: HashMap<String, Tensor> = Tensor::read_safetensors(&io_path)
+        .unwrap()
+        .into_iter()
+        .collect();
+
+    // flux-hpc: the base checkpoint, the adapters of the LoRA run's last checkpoint.
+    let config = RunConfig::parse(&saved.config, "checkpoint", &[]).unwrap();
+    let lora_config = config.lora.clone().expect("a LoRA run");
+    let mut model = config
+        .model
+        .build(Device::Cpu, TpContext::single())
+        .unwrap();
+    load_base(model.store_mut(), &base, config.model.architecture()).unwrap();
+    let mut adapters =
+        Adapters::attach(model.as_ref(), lora_config.settings(), &lora_config.targets).unwrap();
+    adapters
+        .store_mut()
+        .load_logical(&saved.tensors["params"])
+        .unwrap();
+    let batch = DiffusionBatch {
+        latents: io["img"].shallow_clone(),
+        timesteps: io["timesteps"].shallow_clone(),
+        text: Some(io["txt"].shallow_clone()),
+        pooled: Some(io["y"].shallow_clone()),
+        guidance: io.get("guidance").map(Tensor::shallow_clone),
+    };
+    let out = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    let (err, effect) = (
+        max_abs(&out, &io["out"]),
+        max_abs(&io["out"], &io["out_base"]),
+    );
+    println!("max abs error {err:e}; the adapters move the output by {effect:e}");
+    assert!(
+        effect > 100.0 * TOLERANCE,
+        "the adapters barely change the output ({effect:e})"
+    );
+    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn lora_on_tp2_by_dp2_matches_one_process_and_resumes_step_for_step() {
+    let dir = temp_dir("lora-parallel");
+    // The seeded random base (no `lora.base`).
+    let base_arg = "lora.dropout=0.0";
+    let steps = [
+        "training.total_steps=6",
+        "training.log_interval=1",
+        "training.eval_interval=3",
+    ];
+    let (single, parallel, resumed) = (
+        dir.join("single"),
+        dir.join("parallel"),
+        dir.join("resumed"),
+    );
+    ok(&train(None, &single, &lora_args(base_arg, &steps)));
+    let mut tp2 = lora_args(base_arg, &steps);
+    tp2.push("parallelism.tensor_parallel_size=2");
+    ok(&train(Some(4), &parallel, &tp2));
+    let keys = ["loss", "grad_norm", "eval_loss"];
+    assert_same_records(&records(&single), &records(&parallel), &keys, 1e-5);
+    // Stopped after step 3 and resumed: the same records, bit for bit.
+    let mut first = lora_args(base_arg, &steps);
+    first.push("--stop-after 3");
+    ok(&train(None, &resumed, &first));
+    ok(&train(None, &resumed, &lora_args(base_arg, &steps)));
+    assert_same_records(&records(&single), &records(&resumed), &keys, 0.0);
+    let read = |d: &Path| -> HashMap<String, Tensor> {
+        Tensor::read_safetensors(d.join("final_lora.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect()
+    };
+    let (a, b) = (read(&single), read(&parallel));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        let d = (t - &b[name]).abs().max().double_value(&[]);
+        assert!(d <= 1e-5, "{name}: max|Δ| {d:e}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn targets_that_select_nothing_and_a_base_of_another_architecture_are_refused() {
+    let dir = temp_dir("lora-refused");
+    let out = train(
+        None,
+        &dir.join("a"),
+        &["lora.rank=4", "lora.targets=[\"to_q\"]"],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("lora.targets: `to_q` matches no linear layer"),
+        "{stderr}"
+    );
+
+    let dit = dir.join("dit");
+    ok(&train_config(
+        "configs/dit_tiny.toml",
+        None,
+        &dit,
+        &["training.total_steps=1"],
+    ));
+    let base_arg = format!("lora.base=\"{}\"", dit.display());
+    let out = train(None, &dir.join("b"), &lora_args(&base_arg, &[]));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("lora.base") && stderr.contains("holds a \"dit\" model"),
+        "{stderr}"
+    );
+    assert!(!dir.join("b/step_000000001").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
