@@ -7,6 +7,7 @@ mod convert_cmd;
 mod data_cmd;
 mod demo;
 mod info;
+mod lora_cmd;
 mod resolution;
 mod sample_cmd;
 mod slurm_cmd;
@@ -66,6 +67,8 @@ enum Command {
     Sample(sample_cmd::SampleArgs),
     /// Inspect training checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
+    /// Work with a LoRA run's adapters ([lora] table): merge them into the base weights.
+    Lora(lora_cmd::LoraArgs),
     /// Ingest pre-encoded latents into HDF5 shards (tar, npy/safetensors, HTTP) and validate them.
     Data(data_cmd::DataArgs),
     /// Convert FLUX.1 weights between BFL, diffusers and native checkpoints, tensor by tensor.
@@ -146,6 +149,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),
         Command::Ckpt(args) => ckpt_cmd::run(args),
+        Command::Lora(args) => lora_cmd::run(args),
         Command::Convert(args) => convert_cmd::run(args),
         Command::Sbatch(args) => slurm_cmd::sbatch(args),
         Command::Status(args) => slurm_cmd::status(args),

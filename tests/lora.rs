@@ -1,5 +1,6 @@
 //! LoRA end to end: adapters trained on a frozen base load into diffusers' own Flux transformer
-//! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32); a LoRA run on
+//! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32), as does the plain
+//! model `flux-hpc lora merge` writes; a LoRA run on
 //! TP2×DP2 (`mpirun -np 4`) logs what one process logs and resumes step for step; its
 //! checkpoints hold the adapters only; a pattern that selects nothing or a base of another
 //! architecture is refused before training.
@@ -119,6 +120,28 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
         "the adapters barely change the output ({effect:e})"
     );
     assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
+
+    // `lora merge` folds the adapters into the base: a plain model with the same forward.
+    let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
+    let mut merge = vec!["lora", "merge", common::FLUX_TINY, "--set", &dir_arg];
+    let overrides = lora_args(&base_arg, &[DIFFUSERS_SHAPE]);
+    merge.extend(overrides.iter().flat_map(|o| ["--set", o]));
+    ok(&flux_hpc(&merge));
+    let merged: HashMap<String, Tensor> = Tensor::read_safetensors(run.join("merged.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    let mut plain = config
+        .model
+        .build(Device::Cpu, TpContext::single())
+        .unwrap();
+    plain.store_mut().load_logical(&merged).unwrap();
+    let out = tch::no_grad(|| plain.forward(&batch, false)).unwrap();
+    let err = max_abs(&out, &io["out"]);
+    assert!(
+        err <= TOLERANCE,
+        "merged: max abs error {err:e} > {TOLERANCE:e}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -204,3 +204,31 @@ fn diffusers_export_gives_each_fused_part_the_same_a_and_its_rows_of_b() {
     }
     assert_eq!(out.len(), 6);
 }
+
+#[test]
+fn merged_weights_compute_what_base_and_adapters_compute() {
+    tch::manual_seed(5);
+    let spec = spec();
+    let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    let mut adapters = Adapters::attach(model.as_ref(), SETTINGS, &all()).unwrap();
+    let random: HashMap<String, Tensor> = adapters
+        .store()
+        .param_specs()
+        .iter()
+        .map(|s| {
+            (
+                s.name.clone(),
+                Tensor::randn(s.shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.1,
+            )
+        })
+        .collect();
+    adapters.store_mut().load_logical(&random).unwrap();
+    let batch = DiffusionBatch::random(&spec.inputs(), 2, 4, 6, 5, Device::Cpu);
+    let adapted = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    let merged: HashMap<String, Tensor> = adapters.merged(model.store()).into_iter().collect();
+    let mut plain = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    plain.store_mut().load_logical(&merged).unwrap();
+    let out = tch::no_grad(|| plain.forward(&batch, false)).unwrap();
+    let err = (&out - &adapted).abs().max().double_value(&[]);
+    assert!(err <= TOLERANCE, "merged max|Δ| {err:e}");
+}

@@ -8,6 +8,7 @@ mod base_weights;
 mod cadence;
 mod data_source;
 mod fused_adamw;
+mod lora_merge;
 pub mod loss;
 pub mod metrics;
 pub mod noise;
@@ -24,6 +25,7 @@ mod trainer;
 pub use base_weights::load_base;
 pub use cadence::{AfterStep, Cadence};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
+pub use lora_merge::merged_lora_weights;
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{

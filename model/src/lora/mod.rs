@@ -225,4 +225,31 @@ impl Adapters {
     pub fn set_training(&self, on: bool) {
         self.training.set(on);
     }
+
+    /// The weights of `base` (the model the adapters wrap) with every update folded in,
+    /// `W + (α/r) · B · A`, at logical shapes (a collective under tensor parallelism): a plain
+    /// model that computes what base and adapters compute together.
+    pub fn merged(&self, base: &ShardedStore) -> Vec<(String, Tensor)> {
+        let adapters: HashMap<String, Tensor> =
+            self.store.gather_logical(false).into_iter().collect();
+        let scale = self.settings.scale();
+        base.gather_logical(false)
+            .into_iter()
+            .map(|(name, weight)| {
+                let module = name.strip_suffix(".weight").unwrap_or(&name);
+                let pair = (
+                    adapters.get(&format!("{module}.lora_A.weight")),
+                    adapters.get(&format!("{module}.lora_B.weight")),
+                );
+                let merged = match pair {
+                    (Some(a), Some(b)) if self.modules.iter().any(|m| m == module) => {
+                        let update = b.to_kind(Kind::Float).mm(&a.to_kind(Kind::Float)) * scale;
+                        (weight.to_kind(Kind::Float) + update).to_kind(weight.kind())
+                    }
+                    _ => weight,
+                };
+                (name, merged)
+            })
+            .collect()
+    }
 }
