@@ -25,6 +25,10 @@ pub struct SampleArgs {
     /// Native weights (default: <run dir>/final.safetensors, written by `train`).
     #[arg(long)]
     weights: Option<PathBuf>,
+    /// Use the run's moving average of the weights (<run dir>/final_ema.safetensors, written
+    /// by `train` under `[training] ema_decay`).
+    #[arg(long, conflicts_with = "weights")]
+    ema: bool,
     /// Output file (default: <run dir>/samples.safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -55,9 +59,11 @@ pub fn run(args: SampleArgs) -> Result<()> {
     let inputs = run.model.inputs();
     let t = &run.training;
     let dir = &run.checkpoint.dir;
-    let weights = args
-        .weights
-        .unwrap_or_else(|| dir.join("final.safetensors"));
+    let default = match args.ema {
+        true => "final_ema.safetensors",
+        false => "final.safetensors",
+    };
+    let weights = args.weights.unwrap_or_else(|| dir.join(default));
     let mut model = run.model.build(device, TpContext::single())?;
     let reader = SafetensorsReader::open(&weights)?;
     if !reader.verify_checksum()? {

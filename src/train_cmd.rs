@@ -1,7 +1,7 @@
 //! `flux-hpc train`: flow-matching training on one process or many (under mpirun or srun), with
 //! checkpoints and resume.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -214,11 +214,14 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (file, weights) = trainer.final_weights();
+    let finals = trainer.final_weights();
     if leader {
         plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
-        flux_data::convert::write_tensors(&dir.join(file), &weights)?;
-        summarize(&records, start, &dir.join(file), dir);
+        for (file, weights) in &finals {
+            flux_data::convert::write_tensors(&dir.join(file), weights)?;
+        }
+        let files: Vec<_> = finals.iter().map(|(f, _)| dir.join(f)).collect();
+        summarize(&records, start, &files, dir);
     }
     Ok(())
 }
@@ -321,7 +324,7 @@ fn step_record(
     }
 }
 
-fn summarize(records: &[StepRecord], start: Instant, weights: &Path, dir: &Path) {
+fn summarize(records: &[StepRecord], start: Instant, weights: &[PathBuf], dir: &Path) {
     let eval: Vec<f64> = records.iter().filter_map(|r| r.eval_loss).collect();
     let (first, last) = (
         eval.first().copied().unwrap_or(f64::NAN),
@@ -339,7 +342,9 @@ fn summarize(records: &[StepRecord], start: Instant, weights: &Path, dir: &Path)
     println!("held-out curve    {}", sparkline(&eval));
     println!("metrics           {}", dir.join("metrics.jsonl").display());
     println!("loss curve        {}", dir.join("loss_curve.png").display());
-    println!("weights           {}", weights.display());
+    for file in weights {
+        println!("weights           {}", file.display());
+    }
 }
 
 /// The values as a row of block characters scaled between their minimum and maximum.

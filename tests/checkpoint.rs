@@ -1,11 +1,12 @@
-//! Checkpoints under real mpirun: resume reproduces the uninterrupted run, checkpoints reshard
-//! between tensor-parallel sizes, and both layouts load.
+//! Checkpoints under real mpirun: resume reproduces the uninterrupted run (its EMA of the weights
+//! included), checkpoints reshard between tensor-parallel sizes, and both layouts load.
 
 mod common;
 
+use std::collections::HashMap;
 use std::process::Command;
 
-use common::{ok, records, temp_dir, train};
+use common::{flux_hpc, ok, records, temp_dir, train};
 use serde_json::Value;
 
 fn loss_by_step(records: &[Value]) -> Vec<(u64, f64)> {
@@ -21,11 +22,15 @@ const SIX_STEPS: [&str; 3] = [
     "checkpoint.interval=3",
 ];
 
+/// An EMA of the weights updated every second step.
+const EMA: [&str; 2] = ["training.ema_decay=0.8", "training.ema_every=2"];
+
 #[test]
 fn a_resumed_run_continues_with_the_uninterrupted_losses() {
     let (whole, split) = (temp_dir("whole"), temp_dir("split"));
-    ok(&train(Some(2), &whole, &SIX_STEPS));
-    let mut first_half = SIX_STEPS.to_vec();
+    let six: Vec<&str> = SIX_STEPS.iter().chain(&EMA).copied().collect();
+    ok(&train(Some(2), &whole, &six));
+    let mut first_half = six.clone();
     first_half.push("--stop-after 3");
     let out = train(Some(2), &split, &first_half);
     ok(&out);
@@ -36,7 +41,7 @@ fn a_resumed_run_continues_with_the_uninterrupted_losses() {
             .trim(),
         "step_000000003"
     );
-    ok(&train(Some(2), &split, &SIX_STEPS));
+    ok(&train(Some(2), &split, &six));
     let (a, b) = (
         loss_by_step(&records(&whole)),
         loss_by_step(&records(&split)),
@@ -46,6 +51,41 @@ fn a_resumed_run_continues_with_the_uninterrupted_losses() {
         a, b,
         "the resumed run's losses, step by step, equal the uninterrupted run's"
     );
+    // The EMA went through the checkpoint at step 3 unchanged: the same final average.
+    let read = |dir: &std::path::Path, file: &str| -> HashMap<String, tch::Tensor> {
+        tch::Tensor::read_safetensors(dir.join(file))
+            .unwrap()
+            .into_iter()
+            .collect()
+    };
+    let ema = read(&whole, "final_ema.safetensors");
+    let (resumed, weights) = (
+        read(&split, "final_ema.safetensors"),
+        read(&whole, "final.safetensors"),
+    );
+    assert_eq!(ema.len(), weights.len());
+    let mut lag = 0.0f64;
+    for (name, x) in &ema {
+        assert!(
+            x.equal(&resumed[name]),
+            "EMA of {name} differs after resuming"
+        );
+        lag = lag.max((x - &weights[name]).abs().max().double_value(&[]));
+    }
+    assert!(lag > 0.0, "the average lags the weights");
+    let set_dir = format!("checkpoint.dir=\"{}\"", whole.display());
+    let args = [
+        "sample",
+        common::FLUX_TINY,
+        "--set",
+        &set_dir,
+        "--ema",
+        "--count",
+        "1",
+        "--steps",
+        "2",
+    ];
+    ok(&flux_hpc(&args));
     for dir in [whole, split] {
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -1,7 +1,7 @@
 //! LoRA end to end: adapters trained on a frozen base load into diffusers' own Flux transformer
 //! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32), as does the plain
-//! model `flux-hpc lora merge` writes; a LoRA run on
-//! TP2×DP2 (`mpirun -np 4`) logs what one process logs and resumes step for step; its
+//! model `flux-hpc lora merge` writes; a LoRA run on TP2×DP2 (`mpirun -np 4`) logs what one
+//! process logs and resumes step for step, its adapters and their EMA included; its
 //! checkpoints hold the adapters only; a pattern that selects nothing or a base of another
 //! architecture is refused before training.
 
@@ -154,6 +154,7 @@ fn lora_on_tp2_by_dp2_matches_one_process_and_resumes_step_for_step() {
         "training.total_steps=6",
         "training.log_interval=1",
         "training.eval_interval=3",
+        "training.ema_decay=0.8",
     ];
     let (single, parallel, resumed) = (
         dir.join("single"),
@@ -172,17 +173,25 @@ fn lora_on_tp2_by_dp2_matches_one_process_and_resumes_step_for_step() {
     ok(&train(None, &resumed, &first));
     ok(&train(None, &resumed, &lora_args(base_arg, &steps)));
     assert_same_records(&records(&single), &records(&resumed), &keys, 0.0);
-    let read = |d: &Path| -> HashMap<String, Tensor> {
-        Tensor::read_safetensors(d.join("final_lora.safetensors"))
+    let read = |d: &Path, file: &str| -> HashMap<String, Tensor> {
+        Tensor::read_safetensors(d.join(file))
             .unwrap()
             .into_iter()
             .collect()
     };
-    let (a, b) = (read(&single), read(&parallel));
-    assert_eq!(a.len(), b.len());
-    for (name, t) in &a {
-        let d = (t - &b[name]).abs().max().double_value(&[]);
-        assert!(d <= 1e-5, "{name}: max|Δ| {d:e}");
+    // The adapters and their EMA: TP2×DP2 ≡ one process, resumed ≡ uninterrupted.
+    for file in ["final_lora.safetensors", "final_lora_ema.safetensors"] {
+        let (a, b, c) = (
+            read(&single, file),
+            read(&parallel, file),
+            read(&resumed, file),
+        );
+        assert_eq!(a.len(), b.len());
+        for (name, t) in &a {
+            let d = (t - &b[name]).abs().max().double_value(&[]);
+            assert!(d <= 1e-5, "{file} {name}: max|Δ| {d:e}");
+            assert!(t.equal(&c[name]), "{file} {name} differs after resuming");
+        }
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

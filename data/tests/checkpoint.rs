@@ -47,6 +47,7 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
             params: tensors,
             exp_avg,
             exp_avg_sq,
+            ema: None,
         },
     }
 }

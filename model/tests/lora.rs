@@ -186,7 +186,7 @@ fn diffusers_export_gives_each_fused_part_the_same_a_and_its_rows_of_b() {
         })
         .collect();
     adapters.store_mut().load_logical(&values).unwrap();
-    let out: HashMap<String, Tensor> = export::diffusers_state_dict(&adapters, &spec)
+    let out: HashMap<String, Tensor> = export::diffusers_state_dict(&adapters, &values, &spec)
         .unwrap()
         .into_iter()
         .collect();

@@ -7,6 +7,7 @@
 mod base_weights;
 mod cadence;
 mod data_source;
+mod ema;
 mod fused_adamw;
 mod lora_merge;
 pub mod loss;

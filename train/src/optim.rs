@@ -89,16 +89,19 @@ impl AdamW {
             params: take(|s| &s.master),
             exp_avg: take(|s| &s.exp_avg),
             exp_avg_sq: take(|s| &s.exp_avg_sq),
+            ema: None,
         }
     }
 
-    /// Restore master weights (also copied into the model's parameters), moments and step counter.
+    /// Restore master weights (also copied into the model's parameters), moments and step counter
+    /// (`state.ema` is not the optimizer's and is ignored).
     pub fn load_state(&mut self, state: OptimizerState) {
         let OptimizerState {
             step,
             params,
             exp_avg,
             exp_avg_sq,
+            ..
         } = state;
         tch::no_grad(|| {
             for (((s, w), m), v) in self

@@ -83,6 +83,11 @@ pub struct TrainingConfig {
     /// Under `nonfinite = "skip"`: the run stops (with the diagnostic dump) when this many steps
     /// in a row were skipped, since the weights will not recover by themselves.
     pub max_consecutive_skips: u64,
+    /// Keep an f32 exponential moving average of the trained weights with this decay
+    /// (`ema ← decay · ema + (1 − decay) · weights`); 0 keeps none.
+    pub ema_decay: f64,
+    /// Optimizer steps between EMA updates.
+    pub ema_every: u64,
 }
 
 impl Default for TrainingConfig {
@@ -109,6 +114,8 @@ impl Default for TrainingConfig {
             eval_samples: 16,
             nonfinite: NonFinitePolicy::Stop,
             max_consecutive_skips: 20,
+            ema_decay: 0.0,
+            ema_every: 1,
         }
     }
 }
@@ -182,6 +189,12 @@ impl TrainingConfig {
             "must be at least 1".into()
         })?;
         ConfigError::check(self.eval_samples > 0, "eval_samples", || {
+            "must be at least 1".into()
+        })?;
+        ConfigError::check((0.0..1.0).contains(&self.ema_decay), "ema_decay", || {
+            format!("must be in [0, 1) (0: no EMA), got {}", self.ema_decay)
+        })?;
+        ConfigError::check(self.ema_every > 0, "ema_every", || {
             "must be at least 1".into()
         })
     }

@@ -1,18 +1,20 @@
 //! The training loop: micro-batches with gradient accumulation, tensor- and data-parallel
 //! gradient completion, clipping, AdamW, held-out evaluation.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
-use flux_model::lora::Adapters;
+use flux_model::lora::{export, Adapters};
 use flux_model::tp::{all_reduce_grads, Collective, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
 use crate::base_weights::load_base;
 use crate::data_source::DataSource;
+use crate::ema::Ema;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
@@ -97,6 +99,8 @@ pub struct Trainer<'a> {
     model: Box<dyn DiffusionModel>,
     /// Under `[lora]`: the adapters trained in place of the (frozen) model.
     adapters: Option<Adapters>,
+    /// Under `[training] ema_decay > 0`: the moving average of the trained weights.
+    ema: Option<Ema>,
     optimizer: AdamW,
     data: DataSource,
     /// Global samples consumed (the counter the next step starts at).
@@ -175,10 +179,13 @@ impl<'a> Trainer<'a> {
         };
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
         let optimizer = AdamW::new(named_params(trained), &run.optimization);
+        let ema = (t.ema_decay > 0.0)
+            .then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.state().params));
         Ok(Self {
             run: run.clone(),
             model,
             adapters,
+            ema,
             optimizer,
             data: DataSource::open(run)?,
             consumed: 0,
@@ -310,12 +317,15 @@ impl<'a> Trainer<'a> {
                 NonFinitePolicy::Skip => StepError::TooManySkips(report, self.consecutive_skips),
             });
         }
+        self.step += 1;
         if skipped {
             self.optimizer.zero_grad();
         } else {
             self.optimizer.step(lr);
+            if let Some(ema) = &mut self.ema {
+                ema.update(self.step, &self.optimizer.state().params);
+            }
         }
-        self.step += 1;
         self.consumed += t.global_batch_size;
         Ok(StepStats {
             loss,
@@ -369,13 +379,19 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// This rank's part of a checkpoint: master weights and AdamW moments (local shards).
+    /// This rank's part of a checkpoint: master weights, AdamW moments and the EMA (local
+    /// shards).
     pub fn checkpoint_state(&self) -> TrainingState {
+        let mut optimizer = self.optimizer.state();
+        optimizer.ema = self
+            .ema
+            .as_ref()
+            .map(|e| e.shadows().iter().map(tch::Tensor::shallow_clone).collect());
         TrainingState {
             step: self.step,
             config: toml::to_string(&self.run).expect("configs serialise"),
             data: self.data.position(self.consumed),
-            optimizer: self.optimizer.state(),
+            optimizer,
         }
     }
 
@@ -443,35 +459,65 @@ impl<'a> Trainer<'a> {
             false => Ok(params.iter().map(tch::Tensor::zeros_like).collect()),
         };
         let (exp_avg, exp_avg_sq) = (moments("exp_avg")?, moments("exp_avg_sq")?);
+        if let Some(ema) = &mut self.ema {
+            // A checkpoint written without an EMA starts the average at its weights.
+            ema.load(match checkpoint.tensors.contains_key("ema") {
+                true => group("ema")?,
+                false => params.iter().map(tch::Tensor::copy).collect(),
+            });
+        }
         self.optimizer.load_state(OptimizerState {
             step: checkpoint.optimizer_step,
             params,
             exp_avg,
             exp_avg_sq,
+            ema: None,
         });
         self.step = checkpoint.step;
         self.consumed = self.data.counter(checkpoint.data);
         Ok(())
     }
 
-    /// What a finished run leaves in its directory: the file name and its logical tensors (a
+    /// What a finished run leaves in its directory: file names and their logical tensors (a
     /// collective over the tensor-parallel group). The model's weights in native names
     /// (`final.safetensors`); under `[lora]` the adapters (`final_lora.safetensors`) in
     /// diffusers' LoRA layout, which diffusers' `load_lora_weights` reads, or in native names for
-    /// an architecture without one.
-    pub fn final_weights(&self) -> (&'static str, Vec<(String, tch::Tensor)>) {
-        match &self.adapters {
-            None => (
-                "final.safetensors",
-                self.model.store().gather_logical(false),
-            ),
-            Some(adapters) => {
-                let tensors =
-                    flux_model::lora::export::diffusers_state_dict(adapters, &self.run.model)
-                        .unwrap_or_else(|_| adapters.store().gather_logical(false));
-                ("final_lora.safetensors", tensors)
-            }
+    /// an architecture without one. With an EMA, its weights too (`final_ema.safetensors`,
+    /// `final_lora_ema.safetensors`).
+    pub fn final_weights(&self) -> Vec<(&'static str, Vec<(String, tch::Tensor)>)> {
+        let trained = self.trained();
+        let current: HashMap<String, tch::Tensor> =
+            trained.gather_logical(false).into_iter().collect();
+        let averaged = self.ema.as_ref().map(|ema| {
+            let tp = trained.tp();
+            trained
+                .param_specs()
+                .iter()
+                .zip(ema.shadows())
+                .map(|(spec, t)| (spec.name.clone(), tp.gather(spec, t)))
+                .collect::<HashMap<_, _>>()
+        });
+        let in_order = |logical: &HashMap<String, tch::Tensor>| -> Vec<(String, tch::Tensor)> {
+            trained
+                .param_specs()
+                .iter()
+                .map(|s| (s.name.clone(), logical[&s.name].shallow_clone()))
+                .collect()
+        };
+        let file = |logical: HashMap<String, tch::Tensor>| match &self.adapters {
+            None => in_order(&logical),
+            Some(adapters) => export::diffusers_state_dict(adapters, &logical, &self.run.model)
+                .unwrap_or_else(|_| in_order(&logical)),
+        };
+        let (plain, ema) = match self.adapters {
+            None => ("final.safetensors", "final_ema.safetensors"),
+            Some(_) => ("final_lora.safetensors", "final_lora_ema.safetensors"),
+        };
+        let mut out = vec![(plain, file(current))];
+        if let Some(averaged) = averaged {
+            out.push((ema, file(averaged)));
         }
+        out
     }
 
     /// Peak resident memory of this process, MiB.

@@ -30,8 +30,9 @@ use crate::h5attr::{self, h5err};
 /// Version written to every file; readers refuse others.
 pub const FORMAT_VERSION: u64 = 2;
 
-/// The tensor groups a checkpoint holds, in file order.
-pub const GROUPS: [&str; 3] = ["params", "exp_avg", "exp_avg_sq"];
+/// The tensor groups a checkpoint can hold, in file order (`ema` only when the run keeps an
+/// exponential moving average of its weights).
+pub const GROUPS: [&str; 4] = ["params", "exp_avg", "exp_avg_sq", "ema"];
 
 /// How a checkpoint is laid out on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,16 +53,22 @@ pub struct OptimizerState {
     pub exp_avg: Vec<Tensor>,
     /// Second moments (group `exp_avg_sq`).
     pub exp_avg_sq: Vec<Tensor>,
+    /// f32 exponential moving average of the weights (group `ema`), when the run keeps one.
+    pub ema: Option<Vec<Tensor>>,
 }
 
 impl OptimizerState {
     /// The groups as stored, named as in [`GROUPS`] and in that order.
-    pub fn groups(&self) -> [(&'static str, &[Tensor]); 3] {
-        [
-            (GROUPS[0], &self.params),
+    pub fn groups(&self) -> Vec<(&'static str, &[Tensor])> {
+        let mut groups = vec![
+            (GROUPS[0], self.params.as_slice()),
             (GROUPS[1], &self.exp_avg),
             (GROUPS[2], &self.exp_avg_sq),
-        ]
+        ];
+        if let Some(ema) = &self.ema {
+            groups.push((GROUPS[3], ema));
+        }
+        groups
     }
 
     /// The same state with every group's tensors mapped by `f(spec index, tensor)`.
@@ -72,6 +79,7 @@ impl OptimizerState {
             params: each(&self.params),
             exp_avg: each(&self.exp_avg),
             exp_avg_sq: each(&self.exp_avg_sq),
+            ema: self.ema.as_deref().map(each),
         }
     }
 }

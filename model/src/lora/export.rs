@@ -18,20 +18,19 @@ pub enum ExportError {
     NoLayout(String),
 }
 
-/// The adapters of `adapters` (on a model of `model`) as diffusers' LoRA state dict, gathered to
-/// logical shapes (a collective under tensor parallelism). A fused native module becomes one
-/// adapter per diffusers module: the same `A`, `B`'s rows of that part. `α / r` is folded into
-/// `B`, so loaders that assume `α = r` (diffusers without an adapter config) compute the same
-/// update.
+/// Adapter values `logical` (logical tensors under the native names of `adapters`' store: its
+/// weights, gathered with `gather_logical`, or their EMA) on a model of `model`, as diffusers'
+/// LoRA state dict. A fused native module becomes one adapter per diffusers module: the same
+/// `A`, `B`'s rows of that part. `α / r` is folded into `B`, so loaders that assume `α = r`
+/// (diffusers without an adapter config) compute the same update.
 pub fn diffusers_state_dict(
     adapters: &Adapters,
+    logical: &HashMap<String, Tensor>,
     model: &ModelSpec,
 ) -> Result<Vec<(String, Tensor)>, ExportError> {
     if !model.weight_layouts().contains(&Layout::Diffusers) {
         return Err(ExportError::NoLayout(model.architecture().to_string()));
     }
-    let logical: HashMap<String, Tensor> =
-        adapters.store().gather_logical(false).into_iter().collect();
     let bases: HashMap<String, _> = model
         .param_specs(1)
         .into_iter()
