@@ -39,17 +39,7 @@ fn model_from(ckpt: &std::path::Path) -> Flux {
 fn native_weights_exported_to_diffusers_give_the_same_forward_in_diffusers() {
     let dir = trained("to-diffusers");
     let (run, export) = (dir.join("run"), dir.join("diffusers"));
-    ok(&flux_hpc(&[
-        "convert",
-        "--from",
-        "native",
-        "--to",
-        "diffusers",
-        run.to_str().unwrap(),
-        export.to_str().unwrap(),
-        "--dtype",
-        "f32",
-    ]));
+    common::convert_to_diffusers(&run, &export);
     let io_path = dir.join("io.safetensors");
     ok(&python(
         "diffusers_forward.py",

@@ -65,18 +65,7 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
     assert!(exported.contains_key("transformer.transformer_blocks.0.attn.to_q.lora_A.weight"));
     assert!(exported.contains_key("transformer.single_transformer_blocks.1.proj_mlp.lora_B.weight"));
 
-    let path = |p: &Path| p.to_str().unwrap().to_string();
-    ok(&flux_hpc(&[
-        "convert",
-        "--from",
-        "native",
-        "--to",
-        "diffusers",
-        &path(&base),
-        &path(&export),
-        "--dtype",
-        "f32",
-    ]));
+    common::convert_to_diffusers(&base, &export);
     let io_path = dir.join("io.safetensors");
     ok(&python(
         "diffusers_forward.py",

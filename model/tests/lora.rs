@@ -58,6 +58,19 @@ fn run(
     (y.detach(), adapters.store().gather_logical(true))
 }
 
+/// Random logical values (`N(0, 0.1²)`) for every adapter tensor: nonzero updates.
+fn random_adapters(adapters: &Adapters) -> HashMap<String, Tensor> {
+    adapters
+        .store()
+        .param_specs()
+        .iter()
+        .map(|s| {
+            let t = Tensor::randn(s.shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.1;
+            (s.name.clone(), t)
+        })
+        .collect()
+}
+
 #[test]
 fn adapters_on_every_linear_match_across_two_ranks_and_start_as_no_change() {
     tch::manual_seed(11);
@@ -78,17 +91,7 @@ fn adapters_on_every_linear_match_across_two_ranks_and_start_as_no_change() {
     assert!(before.equal(&after));
 
     // Nonzero adapters (B random), the same logical values on every group size.
-    let adapter: HashMap<String, Tensor> = adapters
-        .store()
-        .param_specs()
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                Tensor::randn(s.shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.1,
-            )
-        })
-        .collect();
+    let adapter = random_adapters(&adapters);
     let (y1, grads1) = run(TpContext::single(), &base, &adapter, &batch);
     assert!(
         !y1.allclose(&before, 1e-3, 1e-3, false),
@@ -109,15 +112,7 @@ fn adapters_on_every_linear_match_across_two_ranks_and_start_as_no_change() {
         let (y2, grads2) = handle.join().unwrap();
         let dy = (&y2 - &y1).abs().max().double_value(&[]);
         assert!(dy <= TOLERANCE, "rank {rank}: output max|Δ| {dy:e}");
-        for ((name, g1), (_, g2)) in grads1.iter().zip(&grads2) {
-            let scale = g1.abs().max().double_value(&[]);
-            assert!(scale > 0.0, "`{name}` has no gradient");
-            let dg = (g1 - g2).abs().max().double_value(&[]) / scale;
-            assert!(
-                dg <= TOLERANCE,
-                "rank {rank}: `{name}` max|Δ|/max|g| {dg:e}"
-            );
-        }
+        common::threads::assert_grads_match(rank, &grads1, &grads2, TOLERANCE);
     }
 }
 
@@ -211,17 +206,7 @@ fn merged_weights_compute_what_base_and_adapters_compute() {
     let spec = spec();
     let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
     let mut adapters = Adapters::attach(model.as_ref(), SETTINGS, &all()).unwrap();
-    let random: HashMap<String, Tensor> = adapters
-        .store()
-        .param_specs()
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                Tensor::randn(s.shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.1,
-            )
-        })
-        .collect();
+    let random = random_adapters(&adapters);
     adapters.store_mut().load_logical(&random).unwrap();
     let batch = DiffusionBatch::random(&spec.inputs(), 2, 4, 6, 5, Device::Cpu);
     let adapted = tch::no_grad(|| model.forward(&batch, false)).unwrap();

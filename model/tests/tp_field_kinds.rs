@@ -119,15 +119,7 @@ fn two_ranks_match_one_with_every_field_kind() {
         let (y2, grads2, counts) = handle.join().unwrap();
         let dy = (&y2 - &y1).abs().max().double_value(&[]);
         assert!(dy <= TOLERANCE, "rank {rank}: output max|Δ| {dy:e}");
-        for ((name, g1), (_, g2)) in grads1.iter().zip(&grads2) {
-            let scale = g1.abs().max().double_value(&[]);
-            assert!(scale > 0.0, "`{name}` has no gradient");
-            let dg = (g1 - g2).abs().max().double_value(&[]) / scale;
-            assert!(
-                dg <= TOLERANCE,
-                "rank {rank}: `{name}` gradient max|Δ|/max|g| {dg:e}"
-            );
-        }
+        common::threads::assert_grads_match(rank, &grads1, &grads2, TOLERANCE);
         assert_eq!(counts, expected, "rank {rank}");
     }
 }

@@ -153,6 +153,23 @@ pub fn records(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `flux-hpc convert --from native --to diffusers INPUT OUTPUT --dtype f32`, asserted to succeed:
+/// a native run or checkpoint as a diffusers folder its Python forward scripts load.
+pub fn convert_to_diffusers(input: &Path, output: &Path) {
+    let (input, output) = (input.to_str().unwrap(), output.to_str().unwrap());
+    ok(&flux_hpc(&[
+        "convert",
+        "--from",
+        "native",
+        "--to",
+        "diffusers",
+        input,
+        output,
+        "--dtype",
+        "f32",
+    ]));
+}
+
 /// Assert the process succeeded, showing its output otherwise.
 pub fn ok(out: &Output) {
     assert!(

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Barrier, Mutex};
 
 use flux_model::tp::Collective;
+use tch::Tensor;
 
 /// Ranks in threads of one process, summing and gathering through shared memory.
 pub struct ThreadGroup {
@@ -51,5 +52,25 @@ impl Collective for ThreadGroup {
 
     fn all_gather(&self, data: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&self.exchange(data).concat());
+    }
+}
+
+/// Assert that rank `rank`'s gathered gradients `got` equal the one-process `expected` (same
+/// names, same order) to `tolerance` of each gradient's largest entry, and that none is zero.
+pub fn assert_grads_match(
+    rank: usize,
+    expected: &[(String, Tensor)],
+    got: &[(String, Tensor)],
+    tolerance: f64,
+) {
+    assert_eq!(expected.len(), got.len());
+    for ((name, g1), (_, g2)) in expected.iter().zip(got) {
+        let scale = g1.abs().max().double_value(&[]);
+        assert!(scale > 0.0, "`{name}` has no gradient");
+        let dg = (g1 - g2).abs().max().double_value(&[]) / scale;
+        assert!(
+            dg <= tolerance,
+            "rank {rank}: `{name}` gradient max|Δ|/max|g| {dg:e}"
+        );
     }
 }
