@@ -3,13 +3,16 @@
 as the same JSON line.
 
     .venv/bin/python benches/pytorch_reference.py step CONFIG [--threads N] [--steps K] [--warmup W]
+        [--lora-rank R]
     .venv/bin/python benches/pytorch_reference.py forward CONFIG [...]
     .venv/bin/python benches/pytorch_reference.py read SHARD.h5 [...]
 
 `step` is one training step as a PyTorch user would write it with diffusers'
 FluxTransformer2DModel built from the run config's [model] table: fresh random latents, noise,
 text and pooled vectors, logit-normal noise levels, the flow-matching target, MSE loss, backward,
-gradient clipping and torch.optim.AdamW (its default implementation). `forward` is one forward
+gradient clipping and torch.optim.AdamW (its default implementation); with `--lora-rank R`, the
+base frozen and PEFT LoRA adapters of rank R (α = R) on every nn.Linear, as diffusers' LoRA
+training scripts set them up (`requires_grad_(False)`, `add_adapter`). `forward` is one forward
 pass under torch.no_grad() on a fixed micro-batch. `read` reads every sample of latent shards
 with h5py, decoding bf16/f16 to float32 as flux-hpc's reader does.
 """
@@ -79,10 +82,17 @@ def timed(args):
             return_dict=False,
         )
 
+    lora_rank = getattr(args, "lora_rank", None)
+    if train and lora_rank:
+        from peft import LoraConfig
+
+        linears = [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+        model.requires_grad_(False)
+        model.add_adapter(LoraConfig(r=lora_rank, lora_alpha=lora_rank, target_modules=linears))
     if train:
         model.train()
         opt = torch.optim.AdamW(
-            model.parameters(),
+            [p for p in model.parameters() if p.requires_grad],
             lr=o.get("learning_rate", 1e-4),
             betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
             eps=o.get("epsilon", 1e-8),
@@ -99,7 +109,7 @@ def timed(args):
             loss = torch.nn.functional.mse_loss(pred, noise - x0)
             loss.backward()
             if clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss.item()
@@ -136,6 +146,8 @@ def timed(args):
                 "median_s": median,
                 "samples_per_s": batch / median,
                 "peak_rss_mib": peak_rss_mib(),
+                "lora_rank": lora_rank,
+                "trained_params_per_rank": sum(p.numel() for p in model.parameters() if p.requires_grad),
             }
         )
     )
@@ -188,6 +200,8 @@ def main():
         s.add_argument("--threads", type=int, default=None)
         s.add_argument("--steps", type=int, default=5)
         s.add_argument("--warmup", type=int, default=1)
+        if what == "step":
+            s.add_argument("--lora-rank", type=int, default=None)
     r = sub.add_parser("read")
     r.add_argument("paths", nargs="+")
     args = ap.parse_args()

@@ -7,7 +7,8 @@ Per workload and thread count: the median over rounds of each run's median time,
 time as a fraction of PyTorch's (target ≤ 0.8 for a training step), model FLOPs utilisation
 against libtorch's matmul rate at the same thread count (target ≥ 60% for the forward pass),
 data-parallel speed-up of 2 ranks (target ≥ 1.8×), tensor-parallel overhead at TP=2 (target
-≤ 15%), peak resident memory, and the HDF5 read rate against h5py (target ≥ 1×).
+≤ 15%), peak resident memory, LoRA's step time and memory against full training and against
+diffusers + PEFT, and the HDF5 read rate against h5py (target ≥ 1×).
 """
 import json
 import statistics
@@ -19,7 +20,8 @@ def main():
     rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
     runs = defaultdict(list)
     for r in rows:
-        key = (r["impl"], r["what"], r.get("threads"), r.get("ranks", 1), r.get("tp", 1))
+        what = r["what"] + ("-lora" if r.get("lora_rank") else "")
+        key = (r["impl"], what, r.get("threads"), r.get("ranks", 1), r.get("tp", 1))
         runs[key].append(r)
 
     def med(impl, what, threads=None, ranks=1, tp=1, field="median_s"):
@@ -59,6 +61,18 @@ def main():
     f_rss = med("flux-hpc", "step", top, field="peak_rss_mib")
     p_rss = med("pytorch", "step", top, field="peak_rss_mib")
     lines.append(f"{'peak RSS of a training run, MiB':<34}{top:>8}{f_rss:>12.0f}{p_rss:>12.0f}{f_rss / p_rss:>8.2f}")
+    f_lora, p_lora = med("flux-hpc", "step-lora", top), med("pytorch", "step-lora", top)
+    rank = one("flux-hpc", "step-lora", top).get("lora_rank")
+    lines.append(f"{f'LoRA r{rank} step, median s':<34}{top:>8}{f_lora:>12.3f}{p_lora:>12.3f}{f_lora / p_lora:>8.2f}")
+    f_full, p_full = med("flux-hpc", "step", top), med("pytorch", "step", top)
+    lines.append(f"{'LoRA step / full step':<34}{top:>8}{f_lora / f_full:>12.2f}{p_lora / p_full:>12.2f}")
+    f_lrss = med("flux-hpc", "step-lora", top, field="peak_rss_mib")
+    p_lrss = med("pytorch", "step-lora", top, field="peak_rss_mib")
+    lines.append(f"{'peak RSS of a LoRA run, MiB':<34}{top:>8}{f_lrss:>12.0f}{p_lrss:>12.0f}{f_lrss / p_lrss:>8.2f}")
+    lines.append(f"{'LoRA / full peak RSS':<34}{top:>8}{f_lrss / f_rss:>12.2f}{p_lrss / p_rss:>12.2f}")
+    f_tp = one("flux-hpc", "step-lora", top).get("trained_params_per_rank", 0)
+    p_tp = one("pytorch", "step-lora", top).get("trained_params_per_rank", 0)
+    lines.append(f"{'LoRA trained parameters':<34}{top:>8}{f_tp:>12,}{p_tp:>12,}")
     f_read = med("flux-hpc", "read", field="mib_per_s")
     h_read = med("h5py", "read", field="mib_per_s")
     lines.append(f"{'HDF5 latent read, MiB/s (h5py)':<34}{1:>8}{f_read:>12.0f}{h_read:>12.0f}{f_read / h_read:>8.2f}  ≥ 1.00")

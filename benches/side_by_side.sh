@@ -11,13 +11,16 @@
 # forward pass, at each thread count; libtorch's matmul rate at each thread count (MFU);
 # data-parallel scaling (1 vs 2 MPI ranks, one thread each, same per-rank batch); the overhead of
 # tensor parallelism (2 ranks at TP=2 vs one rank, one thread each); reading a ~200 MB latent shard
-# with flux-hpc's reader vs h5py. Raw JSON lines are kept in $OUT (default: a temp dir).
+# with flux-hpc's reader vs h5py; LoRA fine-tuning (rank 16 on every linear, base frozen) against
+# full training and against diffusers + PEFT doing the same at the highest thread count. Raw JSON
+# lines are kept in $OUT (default: a temp dir).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-3}
 THREADS=${THREADS:-"1 2"}
+LORA_RANK=${LORA_RANK:-16}
 OUT=${OUT:-$(mktemp -d /tmp/flux-side-by-side.XXXX)}
 CONFIG=benches/side_by_side.toml
 PY=.venv/bin/python
@@ -51,6 +54,11 @@ for round in $(seq "$ROUNDS"); do
             fi
         done
     done
+    top=${THREADS##* }
+    say "round $round/$ROUNDS: LoRA rank $LORA_RANK, $top thread(s)"
+    lora=(step "$CONFIG" --threads "$top" --steps "$STEPS" --warmup 1)
+    flux "${lora[@]}" --device cpu --set "lora.rank=$LORA_RANK" --set 'lora.targets=["*"]' >> "$results"
+    torch "${lora[@]}" --lora-rank "$LORA_RANK" >> "$results"
     say "round $round/$ROUNDS: 1 vs 2 data-parallel ranks, TP=2"
     one=(step "$CONFIG" --threads 1 --steps "$STEPS" --warmup 1 --device cpu)
     flux "${one[@]}" >> "$results"

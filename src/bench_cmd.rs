@@ -144,6 +144,10 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     } else {
         t.micro_batch_size
     };
+    let trained = match &work {
+        Work::Step(trainer) => trainer.trained().num_local_params(true),
+        Work::Forward(model, _) => model.store().num_local_params(true),
+    };
     let mut seconds = Vec::with_capacity(args.steps);
     for i in 0..args.warmup + args.steps {
         synchronize(device);
@@ -185,6 +189,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "tp": world.tp.size(),
         "samples": samples,
         "architecture": run.model.architecture(),
+        "lora_rank": run.lora.as_ref().map(|l| l.rank),
+        "trained_params_per_rank": trained,
         "image_tokens": image_tokens,
         "text_tokens": text_tokens,
         "seconds": seconds,
