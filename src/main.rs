@@ -67,7 +67,8 @@ enum Command {
     Sample(sample_cmd::SampleArgs),
     /// Inspect training checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),
-    /// Work with a LoRA run's adapters ([lora] table): merge them into the base weights.
+    /// Work with a LoRA run's adapters ([lora] table): merge them into the base weights, or
+    /// export them for kohya / ComfyUI or diffusers.
     Lora(lora_cmd::LoraArgs),
     /// Ingest pre-encoded latents into HDF5 shards (tar, npy/safetensors, HTTP) and validate them.
     Data(data_cmd::DataArgs),

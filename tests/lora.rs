@@ -1,7 +1,8 @@
 //! LoRA end to end: adapters trained on a frozen base load into diffusers' own Flux transformer
 //! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32), as does the plain
-//! model `flux-hpc lora merge` writes; a LoRA run on TP2×DP2 (`mpirun -np 4`) logs what one
-//! process logs and resumes step for step, its adapters and their EMA included; its
+//! model `flux-hpc lora merge` writes; the kohya file `flux-hpc lora export` writes gives
+//! diffusers (through its kohya converter) the same adapters; a LoRA run on TP2×DP2 (`mpirun -np 4`, layers recomputed) logs
+//! what one process logs and resumes step for step, its adapters and their EMA included; its
 //! checkpoints hold the adapters only; a pattern that selects nothing or a base of another
 //! architecture is refused before training.
 
@@ -66,15 +67,7 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
     assert!(exported.contains_key("transformer.single_transformer_blocks.1.proj_mlp.lora_B.weight"));
 
     common::convert_to_diffusers(&base, &export);
-    let io_path = dir.join("io.safetensors");
-    ok(&python(
-        "diffusers_forward.py",
-        &[export.as_os_str(), io_path.as_os_str(), lora.as_os_str()],
-    ));
-    let io: HashMap<String, Tensor> = Tensor::read_safetensors(&io_path)
-        .unwrap()
-        .into_iter()
-        .collect();
+    let io = diffusers_forward_with(&export, &lora, &dir.join("io.safetensors"));
 
     // flux-hpc: the base checkpoint, the adapters of the LoRA run's last checkpoint.
     let config = RunConfig::parse(&saved.config, "checkpoint", &[]).unwrap();
@@ -131,6 +124,7 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
         err <= TOLERANCE,
         "merged: max abs error {err:e} > {TOLERANCE:e}"
     );
+
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -152,7 +146,11 @@ fn lora_on_tp2_by_dp2_matches_one_process_and_resumes_step_for_step() {
     );
     ok(&train(None, &single, &lora_args(base_arg, &steps)));
     let mut tp2 = lora_args(base_arg, &steps);
-    tp2.push("parallelism.tensor_parallel_size=2");
+    // With layer recomputation: the replayed layers carry their adapters.
+    tp2.extend([
+        "parallelism.tensor_parallel_size=2",
+        "training.recompute=true",
+    ]);
     ok(&train(Some(4), &parallel, &tp2));
     let keys = ["loss", "grad_norm", "eval_loss"];
     assert_same_records(&records(&single), &records(&parallel), &keys, 1e-5);
@@ -216,5 +214,71 @@ fn targets_that_select_nothing_and_a_base_of_another_architecture_are_refused() 
         "{stderr}"
     );
     assert!(!dir.join("b/step_000000001").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// diffusers' output on its seeded inputs (`diffusers_forward.py`) for the model in `export` with
+/// the LoRA file `lora` loaded as `FluxPipeline.load_lora_weights` loads it.
+fn diffusers_forward_with(export: &Path, lora: &Path, io: &Path) -> HashMap<String, Tensor> {
+    ok(&python(
+        "diffusers_forward.py",
+        &[export.as_os_str(), io.as_os_str(), lora.as_os_str()],
+    ));
+    Tensor::read_safetensors(io).unwrap().into_iter().collect()
+}
+
+#[test]
+fn the_kohya_export_gives_diffusers_the_same_adapters_through_its_kohya_converter() {
+    let dir = temp_dir("lora-kohya");
+    let (base, run, export) = (dir.join("base"), dir.join("lora"), dir.join("diffusers"));
+    ok(&train(
+        None,
+        &base,
+        &[DIFFUSERS_SHAPE, "training.total_steps=1"],
+    ));
+    let base_arg = format!("lora.base=\"{}\"", base.display());
+    // The blocks' linears but the single blocks' fused `linear1`: diffusers 0.42's kohya
+    // converter fixes that one's widths at FLUX.1 [dev]'s (3072 · 3 + 12288 rows) and leaves the
+    // embedders' and final layer's keys without the `transformer.` prefix its loader keeps.
+    let targets = r#"lora.targets=["layers.0.*", "layers.1.*", "linear_proj_fc2", "adaln.linear"]"#;
+    let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
+    let mut overrides = lora_args(&base_arg, &[DIFFUSERS_SHAPE, "training.total_steps=3"]);
+    overrides.push(targets);
+    ok(&train(None, &run, &overrides));
+    let mut export_kohya = vec!["lora", "export", common::FLUX_TINY, "--format", "kohya"];
+    export_kohya.extend(["--set", &dir_arg]);
+    export_kohya.extend(overrides.iter().flat_map(|o| ["--set", *o]));
+    ok(&flux_hpc(&export_kohya));
+    let kohya = run.join("lora_kohya.safetensors");
+    let keys: Vec<String> = Tensor::read_safetensors(&kohya)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    for key in [
+        "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
+        "lora_unet_single_blocks_1_linear2.lora_up.weight",
+        "lora_unet_single_blocks_0_modulation_lin.alpha",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} not in {keys:?}");
+    }
+    common::convert_to_diffusers(&base, &export);
+    let via_kohya = diffusers_forward_with(&export, &kohya, &dir.join("kohya.safetensors"));
+    let via_diffusers = diffusers_forward_with(
+        &export,
+        &run.join("final_lora.safetensors"),
+        &dir.join("diffusers.safetensors"),
+    );
+    let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    let effect = max_abs(&via_kohya["out"], &via_kohya["out_base"]);
+    let err = max_abs(&via_kohya["out"], &via_diffusers["out"]);
+    println!(
+        "kohya vs diffusers layout: max abs {err:e}; the adapters move the output by {effect:e}"
+    );
+    assert!(
+        effect > 100.0 * TOLERANCE,
+        "the adapters barely change the output ({effect:e})"
+    );
+    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
     std::fs::remove_dir_all(dir).unwrap();
 }

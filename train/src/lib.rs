@@ -9,7 +9,7 @@ mod cadence;
 mod data_source;
 mod ema;
 mod fused_adamw;
-mod lora_merge;
+mod lora_run;
 pub mod loss;
 pub mod metrics;
 pub mod noise;
@@ -26,7 +26,7 @@ mod trainer;
 pub use base_weights::load_base;
 pub use cadence::{AfterStep, Cadence};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
-pub use lora_merge::merged_lora_weights;
+pub use lora_run::{LoraFormat, LoraRun};
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
 pub use sections::{
