@@ -282,3 +282,35 @@ fn the_kohya_export_gives_diffusers_the_same_adapters_through_its_kohya_converte
     assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_bf16_base_trains_f32_adapters_as_well_as_an_f32_base() {
+    let dir = temp_dir("lora-bf16-base");
+    let steps = ["training.total_steps=40", "training.eval_interval=0"];
+    let (f32_base, bf16_base) = (dir.join("f32"), dir.join("bf16"));
+    ok(&train(
+        None,
+        &f32_base,
+        &lora_args("lora.dropout=0.0", &steps),
+    ));
+    let mut half = lora_args("lora.base_precision=\"bf16\"", &steps);
+    half.push("training.precision=\"fp32\"");
+    ok(&train(None, &bf16_base, &half));
+    let (first, f32_last) = common::first_and_last_eval(&f32_base);
+    let (_, bf16_last) = common::first_and_last_eval(&bf16_base);
+    assert!(f32_last < 0.7 * first, "held-out loss {first} → {f32_last}");
+    // bf16 rounding of the frozen weights moves the result by far less than training does.
+    assert!(
+        (bf16_last - f32_last).abs() <= 0.02 * f32_last,
+        "bf16 base {bf16_last} vs f32 base {f32_last}"
+    );
+    // The adapters (all the checkpoint holds) stay f32.
+    let inspect = flux_hpc(&["ckpt", "inspect", bf16_base.to_str().unwrap()]);
+    ok(&inspect);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        text.contains("lora_A") && !text.contains("BFloat16"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

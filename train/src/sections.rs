@@ -428,9 +428,17 @@ pub struct LoraConfig {
     /// seeded random initialisation (tests, smoke runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<PathBuf>,
+    /// `fp32` or `bf16`: the frozen base's dtype. `bf16` halves its memory while the adapters
+    /// keep `[training] precision` (their updates are computed in it and cast to the base's).
+    #[serde(default = "LoraConfig::default_base_precision")]
+    pub base_precision: Precision,
 }
 
 impl LoraConfig {
+    fn default_base_precision() -> Precision {
+        Precision::Fp32
+    }
+
     /// Rank, strength and dropout of every adapter.
     pub fn settings(&self) -> LoraSettings {
         LoraSettings {

@@ -169,6 +169,9 @@ impl<'a> Trainer<'a> {
                     load_base(model.store_mut(), base, run.model.architecture())?;
                 }
                 model.store_mut().vs.freeze();
+                if lora.base_precision == Precision::Bf16 {
+                    model.store_mut().vs.bfloat16();
+                }
                 let mut adapters =
                     Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
                 if t.precision == Precision::Bf16 {

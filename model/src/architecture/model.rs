@@ -32,12 +32,13 @@ pub trait DiffusionModel: Debug {
     /// Call `f` on every `Linear` of the model, in declaration order.
     fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear));
 
-    /// The dtype of the weights, which inputs are cast to.
+    /// The dtype of the weights (frozen ones included), which inputs are cast to.
     fn kind(&self) -> Kind {
         self.store()
             .vs
-            .trainable_variables()
-            .first()
+            .variables()
+            .values()
+            .next()
             .map_or(Kind::Float, Tensor::kind)
     }
 }

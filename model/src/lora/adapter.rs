@@ -25,15 +25,19 @@ pub struct Adapter {
 
 impl Adapter {
     /// `x [.., in]` (this rank's input to the layer) → the update `[.., out]` of this rank's
-    /// output (a partial sum, like the base's, under a row-parallel base).
+    /// output (a partial sum, like the base's, under a row-parallel base), in `x`'s dtype;
+    /// computed in the adapter's own dtype (f32 adapters on a bf16 base).
     pub fn delta(&self, x: &Tensor) -> Tensor {
-        let x = if self.dropout > 0.0 {
-            x.dropout(self.dropout, self.training.get())
+        let input = x.to_kind(self.a.kind());
+        let input = if self.dropout > 0.0 {
+            input.dropout(self.dropout, self.training.get())
         } else {
-            x.shallow_clone()
+            input
         };
-        x.linear::<Tensor>(&self.a, None)
+        (input
+            .linear::<Tensor>(&self.a, None)
             .linear::<Tensor>(&self.b, None)
-            * self.scale
+            * self.scale)
+            .to_kind(x.kind())
     }
 }
