@@ -56,6 +56,10 @@ pub struct ConvertArgs {
     /// Override a config value, e.g. `--set model.guidance_embed=false` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Read the moving average of a native INPUT's weights (its `ema` group, written under
+    /// `[training] ema_decay`) instead of the weights.
+    #[arg(long)]
+    ema: bool,
     /// Value type of BFL / diffusers output (native output is always f32).
     #[arg(long, default_value = "bf16")]
     dtype: StorageDtype,
@@ -63,7 +67,7 @@ pub struct ConvertArgs {
 
 /// Run the conversion and report what it wrote and the peak resident memory.
 pub fn run(args: ConvertArgs) -> Result<()> {
-    if args.from == args.to {
+    if args.from == args.to && !args.ema {
         bail!(
             "--from and --to are both {:?}; nothing to convert",
             args.from
@@ -82,8 +86,15 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         (None, _) => bail!("--config is required to read {:?} weights", args.from),
     };
     let stored = toml::to_string(&run).context("serialising the run config")?;
+    let from = match (args.from, args.ema) {
+        (FormatArg::Native, true) => Format::NativeEma,
+        (_, true) => {
+            bail!("--ema reads the moving average of a native checkpoint: use --from native")
+        }
+        (from, false) => from.into(),
+    };
     let report = convert(
-        args.from.into(),
+        from,
         &input,
         args.to.into(),
         &args.output,

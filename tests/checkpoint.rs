@@ -73,6 +73,19 @@ fn a_resumed_run_continues_with_the_uninterrupted_losses() {
         lag = lag.max((x - &weights[name]).abs().max().double_value(&[]));
     }
     assert!(lag > 0.0, "the average lags the weights");
+    // `convert --ema` takes the average out of the last checkpoint.
+    let converted = split.join("ema-weights");
+    let (input, output) = (whole.to_str().unwrap(), converted.to_str().unwrap());
+    ok(&flux_hpc(&[
+        "convert", "--from", "native", "--ema", "--to", "native", input, output,
+    ]));
+    let loaded = flux_data::checkpoint::load(&converted.join("step_000000000")).unwrap();
+    for (name, x) in &ema {
+        assert!(
+            x.equal(&loaded.tensors["params"][name]),
+            "converted EMA of {name}"
+        );
+    }
     let set_dir = format!("checkpoint.dir=\"{}\"", whole.display());
     let args = [
         "sample",

@@ -33,6 +33,8 @@ pub enum Format {
     /// An external safetensors layout: a file, or a directory holding the weights (diffusers:
     /// `diffusion_pytorch_model.safetensors` or its sharded index).
     External(Layout),
+    /// The moving average of a native checkpoint's weights (its `ema` group); input only.
+    NativeEma,
 }
 
 /// What a conversion wrote.
@@ -225,8 +227,8 @@ fn external_parts(
 
 /// Where logical native tensors are read from.
 enum Source {
-    /// A native checkpoint (any tensor-parallel size).
-    Native(Reader, PathBuf),
+    /// A native checkpoint (any tensor-parallel size), its group `params` or `ema`.
+    Native(Reader, PathBuf, &'static str),
     /// External safetensors.
     External(External),
 }
@@ -241,9 +243,20 @@ impl Source {
         specs: &[ParamSpec],
     ) -> Result<Self, DataError> {
         match from {
-            Format::Native => {
+            Format::Native | Format::NativeEma => {
+                let group = if from == Format::NativeEma {
+                    "ema"
+                } else {
+                    "params"
+                };
                 let reader = Reader::open(input)?;
-                let names: BTreeSet<String> = reader.names("params")?.into_iter().collect();
+                if !reader.has_group(group) {
+                    return Err(DataError::format(
+                        input,
+                        format!("holds no `{group}` group (was [training] ema_decay set?)"),
+                    ));
+                }
+                let names: BTreeSet<String> = reader.names(group)?.into_iter().collect();
                 let wanted: BTreeSet<String> = specs.iter().map(|s| s.name.clone()).collect();
                 if names != wanted {
                     return Err(DataError::format(
@@ -255,7 +268,7 @@ impl Source {
                         ),
                     ));
                 }
-                Ok(Self::Native(reader, input.to_path_buf()))
+                Ok(Self::Native(reader, input.to_path_buf(), group))
             }
             Format::External(layout) => {
                 let external = External::open(input, layout, model)?;
@@ -269,8 +282,8 @@ impl Source {
     fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, DataError> {
         match self {
             Self::External(external) => external.read(spec),
-            Self::Native(reader, input) => {
-                let values = reader.logical_values("params", &spec.name)?;
+            Self::Native(reader, input, group) => {
+                let values = reader.logical_values(group, &spec.name)?;
                 if values.len() as u64 != spec.numel() {
                     return Err(DataError::format(
                         input,
@@ -316,12 +329,18 @@ pub fn convert(
             }
         }
     }
+    if to == Format::NativeEma {
+        return Err(DataError::format(
+            output,
+            "the EMA is read from a native checkpoint, not written: write native weights",
+        ));
+    }
     let specs: Vec<ParamSpec> = model.param_specs(1);
     let source = Source::open(from, input, model, &specs)?;
     let mut read = |spec: &ParamSpec| source.read(spec);
     let params = specs.iter().map(ParamSpec::numel).sum();
     match to {
-        Format::Native => {
+        Format::Native | Format::NativeEma => {
             let dir = checkpoint::write_weights(output, run_config, &specs, &mut read)?;
             Ok(ConvertReport {
                 output: dir,
