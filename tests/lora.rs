@@ -1,5 +1,5 @@
-//! LoRA end to end: adapters trained on a frozen base load into diffusers' own Flux transformer
-//! through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32), as does the plain
+//! LoRA end to end: adapters trained on a frozen base load into diffusers' own FLUX.1 and FLUX.2
+//! transformers through its LoRA loader (PEFT) and give flux-hpc's forward (1e-4, f32), as does the plain
 //! model `flux-hpc lora merge` writes; the kohya file `flux-hpc lora export` writes gives
 //! diffusers (through its kohya converter) the same adapters; a LoRA run on TP2×DP2 (`mpirun -np 4`, layers recomputed) logs
 //! what one process logs and resumes step for step, its adapters and their EMA included; its
@@ -15,7 +15,7 @@ use common::{assert_same_records, flux_hpc, ok, python, records, temp_dir, train
 use flux_data::checkpoint;
 use flux_model::lora::Adapters;
 use flux_model::tp::TpContext;
-use flux_model::DiffusionBatch;
+use flux_model::{DiffusionBatch, DiffusionModel};
 use flux_train::{load_base, RunConfig};
 use tch::{Device, Tensor};
 
@@ -38,6 +38,46 @@ fn lora_args<'a>(base: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args.push(base);
     args.extend(extra);
     args
+}
+
+/// flux-hpc's model of the LoRA checkpoint `saved`: its `[lora] base` weights from `base` with the
+/// checkpoint's adapters attached (the adapters are returned too: they own the parameters).
+fn model_with_adapters(
+    saved: &checkpoint::LoadedCheckpoint,
+    base: &Path,
+) -> (RunConfig, Box<dyn DiffusionModel>, Adapters) {
+    let config = RunConfig::parse(&saved.config, "checkpoint", &[]).unwrap();
+    let lora = config.lora.clone().expect("a LoRA run");
+    let mut model = config
+        .model
+        .build(Device::Cpu, TpContext::single())
+        .unwrap();
+    load_base(model.store_mut(), base, config.model.architecture()).unwrap();
+    let mut adapters = Adapters::attach(model.as_ref(), lora.settings(), &lora.targets).unwrap();
+    adapters
+        .store_mut()
+        .load_logical(&saved.tensors["params"])
+        .unwrap();
+    (config, model, adapters)
+}
+
+/// Assert that `ours` is diffusers' output with the adapter (`out`) to the tolerance, and that
+/// the adapter moved diffusers' output (`out_base`) by far more than that.
+fn assert_same_adapted_output(label: &str, ours: &Tensor, theirs: &HashMap<String, Tensor>) {
+    let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    let (err, effect) = (
+        max_abs(ours, &theirs["out"]),
+        max_abs(&theirs["out"], &theirs["out_base"]),
+    );
+    println!("{label}: max abs error {err:e}; the adapters move the output by {effect:e}");
+    assert!(
+        effect > 100.0 * TOLERANCE,
+        "{label}: the adapters barely change the output ({effect:e})"
+    );
+    assert!(
+        err <= TOLERANCE,
+        "{label}: max abs error {err:e} > {TOLERANCE:e}"
+    );
 }
 
 #[test]
@@ -70,19 +110,7 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
     let io = diffusers_forward_with(&export, &lora, &dir.join("io.safetensors"));
 
     // flux-hpc: the base checkpoint, the adapters of the LoRA run's last checkpoint.
-    let config = RunConfig::parse(&saved.config, "checkpoint", &[]).unwrap();
-    let lora_config = config.lora.clone().expect("a LoRA run");
-    let mut model = config
-        .model
-        .build(Device::Cpu, TpContext::single())
-        .unwrap();
-    load_base(model.store_mut(), &base, config.model.architecture()).unwrap();
-    let mut adapters =
-        Adapters::attach(model.as_ref(), lora_config.settings(), &lora_config.targets).unwrap();
-    adapters
-        .store_mut()
-        .load_logical(&saved.tensors["params"])
-        .unwrap();
+    let (config, model, _adapters) = model_with_adapters(&saved, &base);
     let batch = DiffusionBatch {
         latents: io["img"].shallow_clone(),
         timesteps: io["timesteps"].shallow_clone(),
@@ -91,17 +119,8 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
         guidance: io.get("guidance").map(Tensor::shallow_clone),
     };
     let out = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    assert_same_adapted_output("FLUX.1", &out, &io);
     let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
-    let (err, effect) = (
-        max_abs(&out, &io["out"]),
-        max_abs(&io["out"], &io["out_base"]),
-    );
-    println!("max abs error {err:e}; the adapters move the output by {effect:e}");
-    assert!(
-        effect > 100.0 * TOLERANCE,
-        "the adapters barely change the output ({effect:e})"
-    );
-    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
 
     // `lora merge` folds the adapters into the base: a plain model with the same forward.
     let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
@@ -269,17 +288,11 @@ fn the_kohya_export_gives_diffusers_the_same_adapters_through_its_kohya_converte
         &run.join("final_lora.safetensors"),
         &dir.join("diffusers.safetensors"),
     );
-    let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
-    let effect = max_abs(&via_kohya["out"], &via_kohya["out_base"]);
-    let err = max_abs(&via_kohya["out"], &via_diffusers["out"]);
-    println!(
-        "kohya vs diffusers layout: max abs {err:e}; the adapters move the output by {effect:e}"
+    assert_same_adapted_output(
+        "kohya vs diffusers layout",
+        &via_diffusers["out"],
+        &via_kohya,
     );
-    assert!(
-        effect > 100.0 * TOLERANCE,
-        "the adapters barely change the output ({effect:e})"
-    );
-    assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -312,5 +325,86 @@ fn a_bf16_base_trains_f32_adapters_as_well_as_an_f32_base() {
         text.contains("lora_A") && !text.contains("BFloat16"),
         "{text}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn flux2_adapters_load_into_diffusers_flux2_with_flux_hpcs_forward() {
+    // Any declared model: FLUX.2's fused `to_qkv` adapters become diffusers' to_q/to_k/to_v ones.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/flux2");
+    let config = "tests/fixtures/data/flux2/config.toml";
+    let dir = temp_dir("lora-flux2");
+    let (base, run, out) = (
+        dir.join("base"),
+        dir.join("lora"),
+        dir.join("out.safetensors"),
+    );
+    let weights = fixture.join("diffusers.safetensors");
+    let (weights, base_str) = (weights.to_str().unwrap(), base.to_str().unwrap());
+    ok(&flux_hpc(&[
+        "convert",
+        "--from",
+        "diffusers",
+        "--to",
+        "native",
+        weights,
+        base_str,
+        "--config",
+        config,
+    ]));
+    let base_arg = format!("lora.base=\"{}\"", base.display());
+    let extra = [
+        "training.total_steps=3",
+        "training.global_batch_size=2",
+        "training.micro_batch_size=2",
+        "training.latent_height=4",
+        "training.latent_width=4",
+        "training.text_len=4",
+        "optimization.learning_rate=0.01",
+    ];
+    ok(&train_config(
+        config,
+        None,
+        &run,
+        &lora_args(&base_arg, &extra),
+    ));
+    let (export, io) = (dir.join("diffusers"), fixture.join("io.safetensors"));
+    common::convert_to_diffusers(&base, &export);
+    let lora = run.join("final_lora.safetensors");
+    let keys: Vec<String> = Tensor::read_safetensors(&lora)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(keys
+        .iter()
+        .any(|k| k == "transformer.transformer_blocks.0.attn.add_k_proj.lora_B.weight"));
+    ok(&python(
+        "diffusers_flux2_forward.py",
+        &[
+            export.as_os_str(),
+            io.as_os_str(),
+            lora.as_os_str(),
+            out.as_os_str(),
+        ],
+    ));
+    let theirs: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+        .unwrap()
+        .into_iter()
+        .collect();
+
+    let saved = checkpoint::load(&run.join("step_000000003")).unwrap();
+    let (_, model, _adapters) = model_with_adapters(&saved, &base);
+    let inputs: HashMap<String, Tensor> =
+        Tensor::read_safetensors(&io).unwrap().into_iter().collect();
+    let batch = DiffusionBatch {
+        latents: inputs["img"].shallow_clone(),
+        timesteps: inputs["timesteps"].shallow_clone(),
+        text: Some(inputs["txt"].shallow_clone()),
+        pooled: None,
+        guidance: Some(inputs["guidance"].shallow_clone()),
+    };
+    let ours = tch::no_grad(|| model.forward(&batch, false)).unwrap();
+    assert_same_adapted_output("FLUX.2", &ours, &theirs);
     std::fs::remove_dir_all(dir).unwrap();
 }
