@@ -14,7 +14,7 @@ mod slurm_cmd;
 mod timing;
 mod train_cmd;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -162,7 +162,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // One write per message: under mpirun the ranks share one stderr, and
+            // `eprintln!` writes each formatted piece separately, so two ranks' errors
+            // could interleave mid-line.
+            let message = format!("error: {error:#}\n");
+            let _ = std::io::stderr().write_all(message.as_bytes());
             ExitCode::from(2)
         }
     }
