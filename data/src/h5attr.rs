@@ -72,6 +72,25 @@ pub fn read_u64(loc: &hdf5::Location, name: &str, path: &Path) -> Result<u64, Da
         .map_err(h5err(path, name))
 }
 
+/// Read a scalar attribute that older files may lack (`default` then).
+pub fn read_u64_or(
+    loc: &hdf5::Location,
+    name: &str,
+    default: u64,
+    path: &Path,
+) -> Result<u64, DataError> {
+    if loc
+        .attr_names()
+        .map_err(h5err(path, name))?
+        .iter()
+        .any(|n| n == name)
+    {
+        read_u64(loc, name, path)
+    } else {
+        Ok(default)
+    }
+}
+
 /// Write a 1-D integer attribute.
 pub fn write_i64s(
     loc: &hdf5::Location,

@@ -37,6 +37,9 @@ pub struct LatentSamples {
     pub txt: Tensor,
     /// Pooled vectors `[B, vec_dim]`.
     pub y: Tensor,
+    /// Per-element loss weights broadcastable to `latents` (`[B, 1, H, W]`, or `[B, C, H, W]`
+    /// for packed latents), when the data has loss masks.
+    pub mask: Option<Tensor>,
 }
 
 /// The dataset: an unbounded, deterministic sequence of samples indexed by `u64`.
@@ -102,6 +105,7 @@ impl SyntheticLatents {
             latents: to(latents),
             txt: to(txt),
             y: to(y),
+            mask: None,
         }
     }
 }

@@ -28,6 +28,7 @@ fn layout(dtype: StorageDtype, logvar: bool, captions: bool) -> ShardLayout {
         dtype,
         logvar,
         captions,
+        mask: false,
         norm: VaeNorm::FLUX1,
         encoders: ["ae".into(), "t5-v1_1-xxl".into(), "clip-vit-l-14".into()],
     }
@@ -40,13 +41,18 @@ fn sample(i: usize, layout: &ShardLayout) -> Sample {
             .map(|k| ((i * 31 + k * 7 + offset) % 97) as f32 / 8.0 - 6.0)
             .collect()
     };
+    let [c, h, w] = layout.latent;
     Sample {
         id: format!("sample-{i:04}"),
-        latents: values(24, 0),
-        logvar: layout.logvar.then(|| values(24, 1)),
-        t5: values(30, 2),
-        clip: values(7, 3),
+        latents: values(c * h * w, 0),
+        logvar: layout.logvar.then(|| values(c * h * w, 1)),
+        t5: values(layout.text[0] * layout.text[1], 2),
+        clip: values(layout.pooled, 3),
         caption: layout.captions.then(|| format!("a photo of thing {i}")),
+        // Weights in [0, 1] that bf16 holds exactly.
+        mask: layout
+            .mask
+            .then(|| (0..h * w).map(|k| ((i + k) % 5) as f32 / 4.0).collect()),
     }
 }
 
@@ -96,6 +102,95 @@ fn a_sample_of_the_wrong_size_is_refused_naming_the_field() {
     bad.t5.pop();
     let err = w.append(&bad).unwrap_err().to_string();
     assert!(err.contains("`t5` has 29 values"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn loss_masks_round_trip_and_leave_0_to_1() {
+    let dir = temp("mask");
+    let layout = ShardLayout {
+        mask: true,
+        ..layout(StorageDtype::Bf16, true, false)
+    };
+    let path = dir.join("masked.h5");
+    write(&path, &layout, 0..3, None);
+    let data = LatentDataset::open(std::slice::from_ref(&path)).unwrap();
+    assert!(data.layout().mask);
+    for i in 0..3 {
+        assert_eq!(data.read(i as u64).unwrap(), sample(i, &layout));
+    }
+    assert!(validate(&[path]).unwrap().problems.is_empty());
+
+    let mut w = ShardWriter::create(&dir.join("bad.h5"), &layout, None).unwrap();
+    let mut bad = sample(0, &layout);
+    bad.mask.as_mut().unwrap()[2] = 1.5;
+    let err = w.append(&bad).unwrap_err().to_string();
+    assert!(err.contains("sample-0000") && err.contains("1.5"), "{err}");
+    bad.mask = None;
+    let err = w.append(&bad).unwrap_err().to_string();
+    assert!(err.contains("loss-mask presence"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn shards_of_several_buckets_form_one_dataset_read_a_bucket_per_step() {
+    let dir = temp("buckets");
+    let wide = layout(StorageDtype::F32, false, false);
+    let tall = ShardLayout {
+        latent: [4, 4, 2],
+        ..wide.clone()
+    };
+    write(&dir.join("a.h5"), &wide, 0..5, None);
+    write(&dir.join("b.h5"), &tall, 5..12, None);
+    write(&dir.join("c.h5"), &wide, 12..15, None);
+    let data = LatentDataset::open(std::slice::from_ref(&dir)).unwrap();
+    let buckets = data.buckets();
+    assert_eq!(
+        buckets.keys().copied().collect::<Vec<_>>(),
+        [[3, 2], [4, 2]]
+    );
+    assert_eq!(buckets[&[3, 2]], [0, 1, 2, 3, 4, 12, 13, 14]);
+    assert_eq!(data.layout_of(6), &tall);
+    assert!(validate(std::slice::from_ref(&dir))
+        .unwrap()
+        .problems
+        .is_empty());
+
+    // Steps of 4 over 2 ranks × 1 micro-batch of 2: every micro-batch, on either rank, is one
+    // bucket, and its layout says which.
+    let order = SampleOrder::bucketed(9, buckets.into_values().collect(), 4, true);
+    assert_eq!(order.len(), 8 + 4);
+    for rank in 0..2 {
+        let plan = BatchPlan {
+            next_step_start: 0,
+            global: 4,
+            micro: 2,
+            rank,
+            replicas: 2,
+        };
+        let data = LatentDataset::open(std::slice::from_ref(&dir)).unwrap();
+        let mut prefetcher = Prefetcher::spawn(data, order.clone(), plan.micro_batches(), 2);
+        for _ in 0..6 {
+            let fetched = prefetcher.next_batch().unwrap();
+            let [c, h, w] = fetched.layout.latent;
+            assert!(fetched.samples.iter().all(|s| s.latents.len() == c * h * w));
+        }
+    }
+
+    // Other text shapes are not a bucket: refused naming the shard.
+    let other = ShardLayout {
+        text: [4, 6],
+        ..wide.clone()
+    };
+    write(&dir.join("d.h5"), &other, 0..2, None);
+    let err = LatentDataset::open(std::slice::from_ref(&dir))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("d.h5") && err.contains("more than the latent size"),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! Stored samples → training tensors: a latent drawn from the VAE posterior with per-sample keyed
 //! noise (or the stored latent), normalised, and packed 2×2 into channels when the model expects
-//! four times the stored channels (FLUX.1: 16 VAE channels → 64 model channels at patch size 1).
+//! four times the stored channels (FLUX.1: 16 VAE channels → 64 model channels at patch size 1),
+//! with the loss masks packed alongside.
 
 use tch::{Device, Kind, Tensor};
 
@@ -68,6 +69,21 @@ pub fn latent_samples(
     } else {
         latents
     };
+    // A mask `[B, 1, H, W]` packs like the latents into `[B, 4, H/2, W/2]`; repeating it C times
+    // gives packed channel `4c + k` the weight of its source pixel `k`.
+    let mask = layout.mask.then(|| {
+        let mask = stack(
+            samples
+                .iter()
+                .map(|s| s.mask.clone().expect("the layout has loss masks")),
+            &[b, 1, h, w],
+        );
+        if pack {
+            mask.pixel_unshuffle(2).repeat([1, c, 1, 1])
+        } else {
+            mask
+        }
+    });
     let [s, d] = layout.text.map(|v| v as i64);
     let to = |t: Tensor| t.to_kind(Kind::Float).to_device(device);
     LatentSamples {
@@ -77,5 +93,6 @@ pub fn latent_samples(
             samples.iter().map(|x| x.clip.clone()),
             &[b, layout.pooled as i64],
         )),
+        mask: mask.map(to),
     }
 }

@@ -1,12 +1,13 @@
 //! What a shard holds: per-sample shapes, storage type, encoder names and latent normalisation.
 //! The same description is written as attributes by [`super::ShardWriter`] and read back by
-//! [`super::LatentDataset`], which insists that every shard of a dataset agrees.
+//! [`super::LatentDataset`], which insists that every shard of a dataset agrees on all of it but
+//! the latent height and width: a shard's latent size is its resolution bucket.
 
 use std::path::Path;
 
 use crate::dataset::values::StorageDtype;
 use crate::error::DataError;
-use crate::h5attr::{read_i64s, read_str, read_u64, write_i64s, write_str, write_u64};
+use crate::h5attr::{read_i64s, read_str, read_u64, read_u64_or, write_i64s, write_str, write_u64};
 use crate::vae::VaeNorm;
 
 /// Version written to every shard; readers refuse others.
@@ -20,6 +21,8 @@ pub const LATENTS_LOGVAR: &str = "latents_logvar";
 pub const T5: &str = "t5";
 /// Pooled text embedding (CLIP), `[N, D_pooled]`.
 pub const CLIP: &str = "clip";
+/// Per-sample loss weights over the latent grid, `[N, H, W]` in `[0, 1]` (optional).
+pub const LOSS_MASK: &str = "loss_mask";
 /// Sample keys, `[N]` UTF-8 strings.
 pub const IDS: &str = "ids";
 /// Captions, `[N]` UTF-8 strings (optional).
@@ -28,7 +31,7 @@ pub const CAPTIONS: &str = "captions";
 /// The per-sample layout of a dataset's shards.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardLayout {
-    /// Latent `[C, H, W]` of one sample.
+    /// Latent `[C, H, W]` of one sample; `[H, W]` is the shard's resolution bucket.
     pub latent: [usize; 3],
     /// Text states `[S, D_text]` of one sample.
     pub text: [usize; 2],
@@ -40,6 +43,8 @@ pub struct ShardLayout {
     pub logvar: bool,
     /// Whether shards hold captions.
     pub captions: bool,
+    /// Whether shards hold a `loss_mask` `[H, W]` per sample.
+    pub mask: bool,
     /// How latents are normalised before training: `scale · (z − shift)` (1 and 0 when the
     /// stored latents are already normalised).
     pub norm: VaeNorm,
@@ -56,7 +61,23 @@ impl ShardLayout {
         }
         out.push((T5, self.text.to_vec()));
         out.push((CLIP, vec![self.pooled]));
+        if self.mask {
+            out.push((LOSS_MASK, self.latent[1..].to_vec()));
+        }
         out
+    }
+
+    /// The resolution bucket `[H, W]` (latent pixels).
+    pub fn bucket(&self) -> [usize; 2] {
+        [self.latent[1], self.latent[2]]
+    }
+
+    /// Whether `other` describes the same data at another (or the same) resolution bucket:
+    /// everything but the latent height and width agrees.
+    pub fn same_but_bucket(&self, other: &Self) -> bool {
+        let mut resized = other.clone();
+        resized.latent[1..].copy_from_slice(&self.latent[1..]);
+        *self == resized
     }
 
     /// The string datasets, in file order.
@@ -78,6 +99,7 @@ impl ShardLayout {
         write_u64(file, "pooled_dim", self.pooled as u64, path)?;
         write_u64(file, "has_logvar", self.logvar as u64, path)?;
         write_u64(file, "has_captions", self.captions as u64, path)?;
+        write_u64(file, "has_loss_mask", self.mask as u64, path)?;
         let norm = [self.norm.scaling_factor, self.norm.shift_factor];
         file.new_attr::<f64>()
             .shape([2])
@@ -142,6 +164,8 @@ impl ShardLayout {
             dtype,
             logvar: read_u64(file, "has_logvar", path)? != 0,
             captions: read_u64(file, "has_captions", path)? != 0,
+            // Shards written before masks existed have no attribute and no mask.
+            mask: read_u64_or(file, "has_loss_mask", 0, path)? != 0,
             norm: VaeNorm {
                 scaling_factor: norm[0],
                 shift_factor: norm[1],

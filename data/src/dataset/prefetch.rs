@@ -4,6 +4,7 @@
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
+use crate::dataset::layout::ShardLayout;
 use crate::dataset::order::SampleOrder;
 use crate::dataset::reader::LatentDataset;
 use crate::dataset::writer::Sample;
@@ -16,6 +17,41 @@ pub struct Fetched {
     pub counters: Vec<u64>,
     /// The samples, in counter order.
     pub samples: Vec<Sample>,
+    /// Their layout (one resolution bucket).
+    pub layout: ShardLayout,
+}
+
+/// Read the samples of `counters` from `dataset` in `order`; all must be of one bucket.
+fn fetch(
+    dataset: &LatentDataset,
+    order: &mut SampleOrder,
+    counters: Vec<u64>,
+) -> Result<Fetched, DataError> {
+    let indices: Vec<u64> = counters.iter().map(|&c| order.index(c)).collect();
+    let layout = dataset.layout_of(indices[0]).clone();
+    if let Some(&other) = indices
+        .iter()
+        .find(|&&i| dataset.layout_of(i).latent != layout.latent)
+    {
+        return Err(DataError::Format {
+            path: "latent dataset".into(),
+            message: format!(
+                "a micro-batch mixes resolution buckets {:?} and {:?} (samples {} and {other})",
+                layout.bucket(),
+                dataset.layout_of(other).bucket(),
+                indices[0]
+            ),
+        });
+    }
+    let samples = indices
+        .iter()
+        .map(|&i| dataset.read(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Fetched {
+        counters,
+        samples,
+        layout,
+    })
 }
 
 /// Reads micro-batches ahead on a thread; dropping it stops the thread.
@@ -25,9 +61,10 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Read the micro-batches `batches` (lists of global counters) of `dataset` in `order`, up to
-    /// `depth` (≥ 1) ahead of the consumer. A read error is delivered in place of its batch and
-    /// ends the thread.
+    /// Read the micro-batches `batches` (non-empty lists of global counters) of `dataset` in
+    /// `order`, up to `depth` (≥ 1) ahead of the consumer. A read error, or a micro-batch whose
+    /// samples are of different resolution buckets, is delivered in place of its batch and ends
+    /// the thread.
     pub fn spawn(
         dataset: LatentDataset,
         mut order: SampleOrder,
@@ -39,12 +76,8 @@ impl Prefetcher {
             .name("flux-prefetch".into())
             .spawn(move || {
                 for counters in batches {
-                    let samples = counters
-                        .iter()
-                        .map(|&c| dataset.read(order.index(c)))
-                        .collect::<Result<Vec<_>, _>>();
-                    let failed = samples.is_err();
-                    let item = samples.map(|samples| Fetched { counters, samples });
+                    let item = fetch(&dataset, &mut order, counters);
+                    let failed = item.is_err();
                     if tx.send(item).is_err() || failed {
                         return;
                     }

@@ -2,6 +2,7 @@
 //! layout, every dataset `[num_samples, *shape]` in the stored type), so a truncated or mis-shaped
 //! shard fails at start-up with the file and dataset named, never with a panic mid-run.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -19,12 +20,14 @@ use crate::h5attr::{h5err, read_u64};
 /// One opened shard.
 struct Shard {
     path: PathBuf,
+    layout: ShardLayout,
     numeric: Vec<Dataset>,
     strings: Vec<Dataset>,
     rows: u64,
 }
 
-/// A dataset of latent shards, indexed `0..len()` in file order.
+/// A dataset of latent shards, indexed `0..len()` in file order. Shards may differ in latent
+/// height and width (each shard is one resolution bucket), in nothing else.
 pub struct LatentDataset {
     layout: ShardLayout,
     shards: Vec<Shard>,
@@ -82,7 +85,7 @@ pub(crate) fn no_shards(paths: &[PathBuf]) -> DataError {
 
 /// Open `path`, read its layout and check every dataset's type and shape against it. Returns the
 /// layout, sample count and the datasets (numeric in layout order, then strings).
-fn open_shard(path: &Path) -> Result<(ShardLayout, Shard), DataError> {
+fn open_shard(path: &Path) -> Result<Shard, DataError> {
     let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
     let layout = ShardLayout::read(&file, path)?;
     let rows = read_u64(&file, "num_samples", path)?;
@@ -138,35 +141,38 @@ fn open_shard(path: &Path) -> Result<(ShardLayout, Shard), DataError> {
             Ok(ds)
         })
         .collect::<Result<Vec<_>, DataError>>()?;
-    let shard = Shard {
+    Ok(Shard {
         path: path.to_path_buf(),
+        layout,
         numeric,
         strings,
         rows,
-    };
-    Ok((layout, shard))
+    })
 }
 
 impl LatentDataset {
     /// Open the shards named by `paths` (files, or directories of `*.h5`). Fails naming the file
-    /// when a shard cannot be read, has another layout than the first, or holds no samples.
+    /// when a shard cannot be read, has another layout than the first (the latent height and
+    /// width aside), or holds no samples.
     pub fn open(paths: &[PathBuf]) -> Result<Self, DataError> {
         let files = shard_files(paths)?;
         let Some(first) = files.first() else {
             return Err(no_shards(paths));
         };
         // Each shard is opened (and its checksums read) once; the first sets the layout.
-        let (layout, first_shard) = open_shard(first)?;
+        let first_shard = open_shard(first)?;
+        let layout = first_shard.layout.clone();
         let (mut starts, mut len) = (vec![0], first_shard.rows);
         let mut shards = vec![first_shard];
         for path in &files[1..] {
-            let (other, shard) = open_shard(path)?;
-            if other != layout {
+            let shard = open_shard(path)?;
+            if !layout.same_but_bucket(&shard.layout) {
                 return Err(DataError::format(
                     path,
                     format!(
-                        "layout differs from {}: {other:?} vs {layout:?}",
-                        first.display()
+                        "layout differs from {} in more than the latent size: {:?} vs {layout:?}",
+                        first.display(),
+                        shard.layout
                     ),
                 ));
             }
@@ -185,9 +191,37 @@ impl LatentDataset {
         })
     }
 
-    /// The layout every shard shares.
+    /// The first shard's layout; every shard shares it but for its latent size.
     pub fn layout(&self) -> &ShardLayout {
         &self.layout
+    }
+
+    fn shard_of(&self, index: u64) -> usize {
+        self.starts.partition_point(|&start| start <= index) - 1
+    }
+
+    /// The layout of the shard holding sample `index` (`0..len()`): its latent size is the
+    /// sample's resolution bucket.
+    pub fn layout_of(&self, index: u64) -> &ShardLayout {
+        &self.shards[self.shard_of(index.min(self.len - 1))].layout
+    }
+
+    /// The shard file holding sample `index` (`0..len()`).
+    pub fn file_of(&self, index: u64) -> &Path {
+        &self.shards[self.shard_of(index.min(self.len - 1))].path
+    }
+
+    /// The sample indices of each resolution bucket `[H, W]`, buckets in ascending order and
+    /// indices in file order.
+    pub fn buckets(&self) -> BTreeMap<[usize; 2], Vec<u64>> {
+        let mut buckets = BTreeMap::<_, Vec<u64>>::new();
+        for (shard, &start) in self.shards.iter().zip(&self.starts) {
+            buckets
+                .entry(shard.layout.bucket())
+                .or_default()
+                .extend(start..start + shard.rows);
+        }
+        buckets
     }
 
     /// Samples in all shards.
@@ -214,7 +248,7 @@ impl LatentDataset {
                 format!("sample {index} is past the dataset's {} samples", self.len),
             ));
         }
-        let s = self.starts.partition_point(|&start| start <= index) - 1;
+        let s = self.shard_of(index);
         let shard = &self.shards[s];
         let row = (index - self.starts[s]) as usize;
         let dtype: StorageDtype = self.layout.dtype;
@@ -240,13 +274,15 @@ impl LatentDataset {
         let mut next = || numeric.next().expect("one vector per numeric dataset");
         let latents = next();
         let logvar = self.layout.logvar.then(&mut next);
+        let (t5, clip) = (next(), next());
         Ok(Sample {
             id,
             latents,
             logvar,
-            t5: next(),
-            clip: next(),
+            t5,
+            clip,
             caption,
+            mask: self.layout.mask.then(next),
         })
     }
 }

@@ -86,7 +86,8 @@ pub fn validate_shard(path: &Path) -> Result<(ShardLayout, u64), DataError> {
 }
 
 /// Validate every shard named by `paths` (files or directories): each one fully, and all against
-/// the first good shard's layout. Problems are collected, not fatal.
+/// the first good shard's layout (latent sizes may differ: they are resolution buckets). Problems
+/// are collected, not fatal.
 pub fn validate(paths: &[PathBuf]) -> Result<ValidationReport, DataError> {
     let mut report = ValidationReport::default();
     let mut reference: Option<(PathBuf, ShardLayout)> = None;
@@ -97,9 +98,15 @@ pub fn validate(paths: &[PathBuf]) -> Result<ValidationReport, DataError> {
     for path in files {
         match validate_shard(&path) {
             Ok((layout, rows)) => match &reference {
-                Some((first, expected)) if *expected != layout => report.problems.push(
-                    DataError::format(&path, format!("layout differs from {}", first.display())),
-                ),
+                Some((first, expected)) if !expected.same_but_bucket(&layout) => {
+                    report.problems.push(DataError::format(
+                        &path,
+                        format!(
+                            "layout differs from {} in more than the latent size",
+                            first.display()
+                        ),
+                    ))
+                }
                 _ => {
                     reference.get_or_insert((path.clone(), layout));
                     report.good.push((path, rows));

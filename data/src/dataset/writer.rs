@@ -28,6 +28,8 @@ pub struct Sample {
     pub clip: Vec<f32>,
     /// Caption, when the layout has captions.
     pub caption: Option<String>,
+    /// Loss weights `[H, W]` in `[0, 1]`, when the layout has masks.
+    pub mask: Option<Vec<f32>>,
 }
 
 impl Sample {
@@ -36,6 +38,7 @@ impl Sample {
         let mut out = vec![self.latents.as_slice()];
         out.extend(self.logvar.as_deref());
         out.extend([self.t5.as_slice(), self.clip.as_slice()]);
+        out.extend(self.mask.as_deref());
         out
     }
 }
@@ -163,11 +166,27 @@ impl ShardWriter {
     pub fn append(&mut self, sample: &Sample) -> Result<(), DataError> {
         if sample.logvar.is_some() != self.layout.logvar
             || sample.caption.is_some() != self.layout.captions
+            || sample.mask.is_some() != self.layout.mask
         {
             return Err(DataError::format(
                 &self.tmp,
                 format!(
-                    "sample `{}`: log-variance/caption presence differs from the shard's layout",
+                    "sample `{}`: log-variance/caption/loss-mask presence differs from the \
+                     shard's layout",
+                    sample.id
+                ),
+            ));
+        }
+        if let Some(bad) = sample
+            .mask
+            .iter()
+            .flatten()
+            .find(|v| !(0.0..=1.0).contains(*v))
+        {
+            return Err(DataError::format(
+                &self.tmp,
+                format!(
+                    "sample `{}`: loss mask value {bad} is outside [0, 1]",
                     sample.id
                 ),
             ));

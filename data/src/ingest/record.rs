@@ -1,6 +1,6 @@
 //! Assembling one sample from the files that carry it, named WebDataset-style
-//! `{key}.{field}.{ext}`: `mean`/`latents`, `logvar`, `t5`, `clip` as `.bytes` or `.npy`
-//! (npy content), `txt`/`caption.txt` as UTF-8 text, or one `{key}.safetensors` holding the fields as
+//! `{key}.{field}.{ext}`: `mean`/`latents`, `logvar`, `t5`, `clip` and an optional `mask` (loss
+//! weights `[H, W]` over the latent grid) as `.bytes` or `.npy` (npy content), `txt`/`caption.txt` as UTF-8 text, or one `{key}.safetensors` holding the fields as
 //! named tensors. Other files (json, jpg, …) are ignored.
 
 use crate::convert::decode_in_memory;
@@ -15,6 +15,7 @@ pub struct Record {
     logvar: Option<NpyArray>,
     t5: Option<NpyArray>,
     clip: Option<NpyArray>,
+    mask: Option<NpyArray>,
     caption: Option<String>,
 }
 
@@ -32,6 +33,7 @@ fn slot<'a>(record: &'a mut Record, field: &str) -> Option<&'a mut Option<NpyArr
         "logvar" => Some(&mut record.logvar),
         "t5" => Some(&mut record.t5),
         "clip" => Some(&mut record.clip),
+        "mask" => Some(&mut record.mask),
         _ => None,
     }
 }
@@ -85,6 +87,14 @@ impl Record {
                 ));
             }
         }
+        if let Some(mask) = &self.mask {
+            if squeeze(&mask.shape) != shapes.latent[shapes.latent.len().saturating_sub(2)..] {
+                return Err(format!(
+                    "sample `{key}`: mask shape {:?} is not the latent grid [H, W] of {:?}",
+                    mask.shape, latents.shape
+                ));
+            }
+        }
         let sample = Sample {
             id: key.rsplit('/').next().unwrap_or(key).to_string(),
             latents: latents.values,
@@ -92,6 +102,7 @@ impl Record {
             t5: t5.values,
             clip: clip.values,
             caption: self.caption,
+            mask: self.mask.map(|a| a.values),
         };
         Ok((sample, shapes))
     }
@@ -136,6 +147,7 @@ impl Shapes {
                 dtype: choice.dtype,
                 logvar: sample.logvar.is_some(),
                 captions: sample.caption.is_some(),
+                mask: sample.mask.is_some(),
                 norm: choice.norm,
                 encoders: choice.encoders.clone(),
             }),

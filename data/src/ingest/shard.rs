@@ -65,7 +65,8 @@ impl<'a> ShardBuilder<'a> {
             let layout = shapes
                 .layout(&sample, self.choice)
                 .map_err(|e| self.fail(e))?;
-            if let Some(expected) = self.expected.filter(|e| **e != layout) {
+            // Shards may differ in latent size (each is one resolution bucket), not otherwise.
+            if let Some(expected) = self.expected.filter(|e| !e.same_but_bucket(&layout)) {
                 return Err(self.fail(format!(
                     "layout {layout:?} differs from earlier shards' {expected:?}"
                 )));
@@ -73,11 +74,16 @@ impl<'a> ShardBuilder<'a> {
             let writer = ShardWriter::create(&self.out, &layout, self.deflate)?;
             self.writer = Some((writer, layout));
         }
-        self.writer
-            .as_mut()
-            .expect("created above")
-            .0
-            .append(&sample)
+        let (writer, layout) = self.writer.as_mut().expect("created above");
+        if shapes.latent != layout.latent {
+            let message = format!(
+                "sample `{key}` has latents {:?}, the shard's bucket is {:?}: a shard holds one \
+                 resolution bucket, so put each size's samples in their own tar or directory",
+                shapes.latent, layout.latent
+            );
+            return Err(self.fail(message));
+        }
+        writer.append(&sample)
     }
 
     /// Add the file `name` (`{key}.{field}.{ext}`) with content `bytes`.
