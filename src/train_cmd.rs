@@ -142,7 +142,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
         )?);
         bar.set_position(first_step);
     }
-    let tokens = trainer.tokens_per_sample() as f64;
     let cadence = Cadence::new(&run, stop);
     for step in first_step + 1..=stop {
         flux_data::failpoint::stall("stall", step, world.world.rank());
@@ -177,7 +176,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             (r.lr, r.grad_norm, r.tokens_per_s, r.skipped) = (
                 stats.lr,
                 stats.grad_norm,
-                samples_per_s * tokens,
+                samples_per_s * stats.tokens_per_sample as f64,
                 stats.skipped,
             );
             tracing::debug!(

@@ -1,14 +1,14 @@
 //! Where a run's clean samples come from: the synthetic dataset, or HDF5 latent shards read
 //! ahead by a prefetch thread in this rank's share of each epoch's shuffled order.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use flux_data::dataset::{
     latent_samples, BatchPlan, DataPosition, LatentDataset, LatentDraw, Prefetcher, SampleOrder,
     ShardLayout,
 };
 use flux_data::{DataError, LatentSamples, SyntheticLatents, SyntheticShape};
-use flux_model::ConfigError;
+use flux_model::{ConfigError, InputSpec};
 use tch::Device;
 
 use crate::sections::DataSourceKind;
@@ -41,10 +41,9 @@ pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
 /// HDF5 shards and the reading state of one rank.
 pub struct Hdf5Data {
     paths: Vec<PathBuf>,
-    layout: ShardLayout,
-    len: u64,
+    /// Which sample each counter reads (one bucket per step when there are several).
+    order: SampleOrder,
     seed: u64,
-    shuffle: bool,
     depth: usize,
     pack: bool,
     eval: LatentDataset,
@@ -67,6 +66,42 @@ fn mismatch(what: &str, data: String, config: String) -> ConfigError {
     )
 }
 
+/// Check that the samples of one resolution bucket (`layout`, first seen in `file`) fit the
+/// model: the model's latent channels (or a quarter of them, packed 2×2), on a grid that packs
+/// and patches evenly. Errors name `data.paths`, the shard and the sizes.
+fn check_bucket(
+    layout: &ShardLayout,
+    file: &Path,
+    pack: bool,
+    m: &InputSpec,
+) -> Result<(), ConfigError> {
+    let [c, h, w] = layout.latent.map(|v| v as i64);
+    if c != m.latent_channels && c * 4 != m.latent_channels {
+        return Err(mismatch(
+            "latent channel count",
+            format!("{c} (in {})", file.display()),
+            format!(
+                "the model's {} latent channels (or a quarter of them)",
+                m.latent_channels
+            ),
+        ));
+    }
+    let fold = if pack { 2 * m.patch_size } else { m.patch_size };
+    if h % fold != 0 || w % fold != 0 {
+        return Err(ConfigError::new(
+            "data.paths",
+            format!(
+                "{}: latent bucket {h}×{w} is not a multiple of {fold} (the model's patch size \
+                 {}{}), so it cannot be cut into tokens",
+                file.display(),
+                m.patch_size,
+                if pack { ", after 2×2 packing" } else { "" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl DataSource {
     /// Open the source `[data]` names, checking that the shards fit the model and training
     /// shapes (errors name `data.paths` and both values).
@@ -85,40 +120,63 @@ impl DataSource {
             &d.eval_paths
         })?;
         let layout = train.layout().clone();
-        if eval.layout().latent != layout.latent || eval.layout().text != layout.text {
+        if !eval.layout().same_but_bucket(&layout) {
             return Err(ConfigError::new(
                 "data.eval_paths",
                 "held-out shards have other shapes than the training shards",
             ));
         }
         let (m, t) = (run.model.inputs(), &run.training);
-        let [c, h, w] = layout.latent.map(|v| v as i64);
-        let pack = c * 4 == m.latent_channels;
-        let (c, h, w) = if pack {
-            (c * 4, h / 2, w / 2)
+        let pack = layout.latent[0] as i64 * 4 == m.latent_channels;
+        let buckets = train.buckets();
+        for dataset in [&train, &eval] {
+            for members in dataset.buckets().values() {
+                let file = dataset.file_of(members[0]);
+                check_bucket(dataset.layout_of(members[0]), file, pack, &m)?;
+            }
+        }
+        if buckets.len() == 1 {
+            let [_, h, w] = layout.latent.map(|v| v as i64);
+            let (h, w) = if pack { (h / 2, w / 2) } else { (h, w) };
+            if (h, w) != (t.latent_height, t.latent_width) {
+                return Err(mismatch(
+                    "latent size (after packing)",
+                    format!("{h}×{w}"),
+                    format!(
+                        "training.latent_height × latent_width = {}×{}",
+                        t.latent_height, t.latent_width
+                    ),
+                ));
+            }
+        }
+        let order = if buckets.len() == 1 {
+            SampleOrder::new(t.seed, train.len(), d.shuffle)
         } else {
-            (c, h, w)
+            let steps: Vec<String> = buckets
+                .iter()
+                .map(|(b, m)| format!("{}×{}: {}", b[0], b[1], m.len()))
+                .collect();
+            if buckets
+                .values()
+                .all(|m| (m.len() as u64) < t.global_batch_size)
+            {
+                return Err(ConfigError::new(
+                    "data.paths",
+                    format!(
+                        "no resolution bucket holds training.global_batch_size = {} samples \
+                         (every step reads one bucket); bucket sizes: {}",
+                        t.global_batch_size,
+                        steps.join(", ")
+                    ),
+                ));
+            }
+            SampleOrder::bucketed(
+                t.seed,
+                buckets.into_values().collect(),
+                t.global_batch_size,
+                d.shuffle,
+            )
         };
-        if c != m.latent_channels {
-            return Err(mismatch(
-                "latent channel count",
-                c.to_string(),
-                format!(
-                    "the model's {} latent channels (or a quarter of them)",
-                    m.latent_channels
-                ),
-            ));
-        }
-        if (h, w) != (t.latent_height, t.latent_width) {
-            return Err(mismatch(
-                "latent size (after packing)",
-                format!("{h}×{w}"),
-                format!(
-                    "training.latent_height × latent_width = {}×{}",
-                    t.latent_height, t.latent_width
-                ),
-            ));
-        }
         let [s, dt] = layout.text.map(|v| v as i64);
         match m.text_dim {
             Some(width) if (s, dt) != (t.text_len, width) => {
@@ -145,10 +203,8 @@ impl DataSource {
         }
         Ok(Self::Hdf5(Box::new(Hdf5Data {
             paths: d.paths.clone(),
-            len: train.len(),
-            layout,
+            order,
             seed: t.seed,
-            shuffle: d.shuffle,
             depth: d.prefetch,
             pack,
             eval,
@@ -160,7 +216,7 @@ impl DataSource {
     pub fn epoch_len(&self) -> Option<u64> {
         match self {
             Self::Synthetic(_) => None,
-            Self::Hdf5(h) => Some(h.len),
+            Self::Hdf5(h) => Some(h.order.len()),
         }
     }
 
@@ -198,10 +254,9 @@ impl DataSource {
         if h.reading.as_ref().is_none_or(|(_, next)| *next != counters) {
             // First batch, or after a restore: read from this micro-batch on.
             let dataset = LatentDataset::open(&h.paths)?;
-            let order = SampleOrder::new(h.seed, h.len, h.shuffle);
             let batches = plan.micro_batches().skip(m as usize);
             h.reading = Some((
-                Prefetcher::spawn(dataset, order, batches, h.depth),
+                Prefetcher::spawn(dataset, h.order.clone(), batches, h.depth),
                 counters,
             ));
         }
@@ -217,7 +272,7 @@ impl DataSource {
         let samples = latent_samples(
             &fetched.samples,
             &fetched.counters,
-            &h.layout,
+            &fetched.layout,
             draw,
             h.pack,
             device,
@@ -228,24 +283,57 @@ impl DataSource {
         ))
     }
 
-    /// Held-out samples `first..first + n` (keyed `EVAL_BASE + i`), posterior means.
-    pub fn eval_batch(
-        &self,
-        first: u64,
-        n: u64,
-        device: Device,
-    ) -> Result<LatentSamples, DataError> {
-        let keys: Vec<u64> = (EVAL_BASE + first..EVAL_BASE + first + n).collect();
+    /// The held-out samples `0..total` (held-out sample `i` is dataset index `i mod len`) in
+    /// batches of at most `micro`: in order, or, for shards of several resolution buckets,
+    /// grouped by bucket (ascending), so that each batch has one size.
+    pub fn eval_batches(&self, total: u64, micro: u64) -> Vec<Vec<u64>> {
+        let numbers: Vec<u64> = match self {
+            Self::Synthetic(_) => (0..total).collect(),
+            Self::Hdf5(h) => {
+                let len = h.eval.len();
+                let mut numbers: Vec<u64> = (0..total).collect();
+                numbers.sort_by_key(|&i| h.eval.layout_of(i % len).bucket());
+                numbers
+            }
+        };
+        let mut batches: Vec<Vec<u64>> = Vec::new();
+        for i in numbers {
+            let same = |b: &Vec<u64>| b.len() < micro as usize && self.same_bucket(b[0], i);
+            match batches.last_mut() {
+                Some(batch) if same(batch) => batch.push(i),
+                _ => batches.push(vec![i]),
+            }
+        }
+        batches
+    }
+
+    /// Whether held-out samples `a` and `b` have one size.
+    fn same_bucket(&self, a: u64, b: u64) -> bool {
+        match self {
+            Self::Synthetic(_) => true,
+            Self::Hdf5(h) => {
+                let len = h.eval.len();
+                h.eval.layout_of(a % len).latent == h.eval.layout_of(b % len).latent
+            }
+        }
+    }
+
+    /// Held-out samples `numbers` (of one bucket, as [`DataSource::eval_batches`] groups them),
+    /// keyed `EVAL_BASE + i`, posterior means.
+    pub fn eval_batch(&self, numbers: &[u64], device: Device) -> Result<LatentSamples, DataError> {
+        let keys: Vec<u64> = numbers.iter().map(|i| EVAL_BASE + i).collect();
         match self {
             Self::Synthetic(s) => Ok(s.batch(&keys, device)),
             Self::Hdf5(h) => {
-                let samples = (first..first + n)
-                    .map(|i| h.eval.read(i % h.eval.len()))
+                let len = h.eval.len();
+                let samples = numbers
+                    .iter()
+                    .map(|i| h.eval.read(i % len))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(latent_samples(
                     &samples,
                     &keys,
-                    h.eval.layout(),
+                    h.eval.layout_of(numbers[0] % len),
                     LatentDraw::Mean,
                     h.pack,
                     device,

@@ -61,6 +61,10 @@ pub struct TrainingConfig {
     pub text_len: i64,
     /// How training noise levels are drawn.
     pub timestep_sampling: TimestepSampler,
+    /// Shift each batch's drawn noise levels by FLUX.1's resolution rule: `σ' = e^μ / (e^μ +
+    /// 1/σ − 1)` with μ linear in the batch's image tokens (0.5 at 256, 1.15 at 4096), so that
+    /// larger resolution buckets train at higher noise, as they are sampled.
+    pub resolution_shift: bool,
     /// Probability of replacing a sample's text and pooled vector by empty (zero) encodings.
     pub cfg_dropout_prob: f64,
     /// What the model regresses.
@@ -104,6 +108,7 @@ impl Default for TrainingConfig {
                 mean: 0.0,
                 std: 1.0,
             },
+            resolution_shift: false,
             cfg_dropout_prob: 0.0,
             prediction: Prediction::FlowMatching,
             loss: Reduction::Mse,
@@ -432,6 +437,11 @@ pub struct LoraConfig {
     /// keep `[training] precision` (their updates are computed in it and cast to the base's).
     #[serde(default = "LoraConfig::default_base_precision")]
     pub base_precision: Precision,
+    /// An adapter file to start from instead of fresh adapters (`A` random, `B` zero): diffusers
+    /// / PEFT or kohya / ComfyUI names, or flux-hpc's own `final_lora.safetensors`, at `rank`,
+    /// for modules `targets` select. Resuming reads the checkpoint, not this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
 }
 
 impl LoraConfig {
@@ -458,6 +468,11 @@ impl LoraConfig {
             self.base.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),
             "lora.base",
             || "is empty; name a native checkpoint or leave the key out".into(),
+        )?;
+        ConfigError::check(
+            self.init.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),
+            "lora.init",
+            || "is empty; name an adapter file or leave the key out".into(),
         )
     }
 }

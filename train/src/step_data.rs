@@ -7,7 +7,7 @@ use flux_model::{per_sample, DiffusionBatch, InputSpec};
 use tch::{Device, Kind, Tensor};
 
 use crate::noise::apply_flow_matching_noise;
-use crate::scheduler::FlowMatchEulerDiscreteScheduler;
+use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::timesteps::TimestepSampler;
 
 /// Random streams of one sample.
@@ -25,14 +25,22 @@ pub struct StepData {
     pub noise: Tensor,
     /// Noise levels `[B]`.
     pub sigmas: Tensor,
+    /// Loss weights broadcastable to `x0`, when the data has loss masks.
+    pub mask: Option<Tensor>,
 }
 
 /// How noise levels are chosen for a set of samples.
 #[derive(Debug, Clone, Copy)]
 pub enum NoiseLevels<'a> {
-    /// Drawn per sample by a training sampler.
-    Sampled(&'a TimestepSampler, &'a FlowMatchEulerDiscreteScheduler),
-    /// Fixed: sample `i` of the set at `σ = (i mod 8) / 8` (MLPerf's held-out protocol).
+    /// Drawn per sample by a training sampler, then, with a [`DynamicShift`], shifted for the
+    /// batch's image token count (FLUX.1's resolution rule).
+    Sampled(
+        &'a TimestepSampler,
+        &'a FlowMatchEulerDiscreteScheduler,
+        Option<DynamicShift>,
+    ),
+    /// Fixed: the sample keyed `k` at `σ = (k mod 8) / 8` (MLPerf's held-out protocol; held-out
+    /// sample `i` is keyed `EVAL_BASE + i`, a multiple of 8 plus `i`).
     Equidistant,
 }
 
@@ -70,13 +78,23 @@ pub fn step_data(
         .view(x0.size().as_slice())
         .to_device(device);
     let sigmas = match levels {
-        NoiseLevels::Sampled(sampler, scheduler) => {
-            sampler
+        NoiseLevels::Sampled(sampler, scheduler, shift) => {
+            let sigmas = sampler
                 .sample(&Tensor::from_slice(&u), &Tensor::from_slice(&z), scheduler)
-                .1
+                .1;
+            match shift {
+                Some(shift) => {
+                    let size = x0.size();
+                    let tokens = inputs.image_tokens(size[2], size[3]) as f64;
+                    let e = shift.mu(tokens).exp();
+                    // σ' = e^μ / (e^μ + 1/σ − 1), as `time_shift`.
+                    (sigmas.reciprocal() - 1.0 + e).reciprocal() * e
+                }
+                None => sigmas,
+            }
         }
         NoiseLevels::Equidistant => {
-            let s: Vec<f32> = (0..ids.len()).map(|i| (i % 8) as f32 / 8.0).collect();
+            let s: Vec<f32> = ids.iter().map(|k| (k % 8) as f32 / 8.0).collect();
             Tensor::from_slice(&s)
         }
     }
@@ -98,5 +116,6 @@ pub fn step_data(
         x0,
         noise,
         sigmas,
+        mask: samples.mask,
     }
 }

@@ -12,6 +12,7 @@ use flux_model::tp::{all_reduce_grads, Collective, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
+use crate::adapter_file::read_adapter_file;
 use crate::base_weights::load_base;
 use crate::data_source::DataSource;
 use crate::ema::Ema;
@@ -19,7 +20,7 @@ use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
 use crate::resume::check_architecture;
-use crate::scheduler::FlowMatchEulerDiscreteScheduler;
+use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
 use crate::step_data::{step_data, NoiseLevels, StepData};
 use crate::{RunConfig, EVAL_BASE};
@@ -35,6 +36,8 @@ pub struct StepStats {
     pub lr: f64,
     /// Wall time of the step, s.
     pub seconds: f64,
+    /// Image plus text tokens of one of the step's samples (all share a resolution bucket).
+    pub tokens_per_sample: u64,
     /// The loss or gradient norm was not finite and `[training] nonfinite = "skip"` dropped the
     /// update.
     pub skipped: bool,
@@ -174,6 +177,11 @@ impl<'a> Trainer<'a> {
                 }
                 let mut adapters =
                     Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
+                if let Some(init) = &lora.init {
+                    let file = read_adapter_file(init, &run.model)
+                        .map_err(|e| ConfigError::new("lora.init", e))?;
+                    adapters.load_imported(&file, &init.display().to_string())?;
+                }
                 if t.precision == Precision::Bf16 {
                     adapters.store_mut().vs.bfloat16();
                 }
@@ -223,14 +231,6 @@ impl<'a> Trainer<'a> {
         self.step
     }
 
-    /// Image plus text tokens per sample (text only for models that read it).
-    pub fn tokens_per_sample(&self) -> u64 {
-        let t = &self.run.training;
-        let inputs = self.run.model.inputs();
-        (inputs.image_tokens(t.latent_height, t.latent_width) + inputs.text_tokens(t.text_len))
-            as u64
-    }
-
     fn loss_of(&self, d: &StepData, train: bool) -> tch::Tensor {
         if let Some(adapters) = &self.adapters {
             adapters.set_training(train);
@@ -245,7 +245,12 @@ impl<'a> Trainer<'a> {
             .training
             .prediction
             .target(&d.x0, &d.noise, &d.sigmas);
-        compute_diffusion_loss(&prediction, &target, self.run.training.loss)
+        compute_diffusion_loss(
+            &prediction,
+            &target,
+            self.run.training.loss,
+            d.mask.as_ref(),
+        )
     }
 
     /// One optimizer step over the global batch: this rank's micro-batches, gradients completed
@@ -266,11 +271,17 @@ impl<'a> Trainer<'a> {
         let sampler = t.timestep_sampling;
         let mut local_loss = 0f64;
         let mut ids = Vec::new();
+        let mut tokens_per_sample = 0;
         for m in 0..plan.micro_steps() {
             let counters = plan.micro_batch(plan.next_step_start, m);
             let (samples, sample_ids) = self.data.train_batch(plan, m, self.device)?;
             ids.extend(sample_ids);
-            let levels = NoiseLevels::Sampled(&sampler, &self.scheduler);
+            let inputs = self.run.model.inputs();
+            let size = samples.latents.size(); // [B, C, H, W]
+            let image = inputs.image_tokens(size[2], size[3]);
+            tokens_per_sample = (image + inputs.text_tokens(t.text_len)) as u64;
+            let shift = t.resolution_shift.then(DynamicShift::default);
+            let levels = NoiseLevels::Sampled(&sampler, &self.scheduler, shift);
             let d = step_data(
                 samples,
                 &self.run.model.inputs(),
@@ -335,6 +346,7 @@ impl<'a> Trainer<'a> {
             grad_norm,
             lr,
             seconds: start.elapsed().as_secs_f64(),
+            tokens_per_sample,
             skipped,
         })
     }
@@ -359,10 +371,9 @@ impl<'a> Trainer<'a> {
         let t = &self.run.training;
         tch::no_grad(|| {
             let mut total = 0.0;
-            for first in (0..t.eval_samples).step_by(t.micro_batch_size as usize) {
-                let n = t.micro_batch_size.min(t.eval_samples - first);
-                let samples = self.data.eval_batch(first, n, self.device)?;
-                let keys: Vec<u64> = (EVAL_BASE + first..EVAL_BASE + first + n).collect();
+            for numbers in self.data.eval_batches(t.eval_samples, t.micro_batch_size) {
+                let samples = self.data.eval_batch(&numbers, self.device)?;
+                let keys: Vec<u64> = numbers.iter().map(|i| EVAL_BASE + i).collect();
                 let d = step_data(
                     samples,
                     &self.run.model.inputs(),
@@ -376,7 +387,7 @@ impl<'a> Trainer<'a> {
                     .loss_of(&d, false)
                     .to_kind(Kind::Double)
                     .double_value(&[])
-                    * n as f64;
+                    * numbers.len() as f64;
             }
             Ok(total / t.eval_samples as f64)
         })

@@ -50,7 +50,7 @@ fn targets_and_reductions_have_their_closed_forms() {
 
     let pred = t(&[0.0, 0.0, 0.0]);
     let target = t(&[0.5, -2.0, 3.0]);
-    let loss = |r| compute_diffusion_loss(&pred, &target, r).double_value(&[]);
+    let loss = |r| compute_diffusion_loss(&pred, &target, r, None).double_value(&[]);
     assert_abs_diff_eq!(
         loss(Reduction::Mse),
         (0.25 + 4.0 + 9.0) / 3.0,
@@ -63,6 +63,25 @@ fn targets_and_reductions_have_their_closed_forms() {
         (0.125 + 1.5 + 2.5) / 3.0,
         epsilon = 1e-6
     );
+    // A mask weights each sample's mean over its elements: sample 0 keeps its first element,
+    // sample 1 weights its two by 1 and 3; all-ones weights are the plain mean.
+    let pred = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
+    let target = t(&[1.0, 2.0, 3.0, 5.0]).view([2, 2]);
+    let masked = |w: &[f32]| {
+        let w = t(w).view([2, 2]);
+        compute_diffusion_loss(&pred, &target, Reduction::Mse, Some(&w)).double_value(&[])
+    };
+    assert_abs_diff_eq!(
+        masked(&[1.0, 0.0, 1.0, 3.0]),
+        (1.0 + (9.0 + 75.0) / 4.0) / 2.0,
+        epsilon = 1e-5
+    );
+    assert_abs_diff_eq!(
+        masked(&[1.0, 1.0, 1.0, 1.0]),
+        (1.0 + 4.0 + 9.0 + 25.0) / 4.0,
+        epsilon = 1e-5
+    );
+    assert_abs_diff_eq!(masked(&[0.0, 0.0, 1.0, 1.0]), 17.0 / 2.0, epsilon = 1e-5);
     let fm = compute_flow_matching_loss(&t(&[2.0, 3.0]), &x0.view([2]), &noise.view([2]))
         .double_value(&[]);
     assert_eq!(fm, 0.0);
