@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use flux_train::{LoraFormat, LoraRun, RunConfig};
+use flux_train::{merge_adapter_file, LoraFormat, LoraRun, RunConfig};
 
 use crate::ConfigArgs;
 
@@ -44,8 +44,17 @@ enum LoraCommand {
     /// (`W + (α/r)·B·A`) and write a plain model in native names (default
     /// <run dir>/merged.safetensors), which `flux-hpc sample --weights` reads.
     ///
-    /// Example: flux-hpc lora merge configs/my_lora.toml
-    Merge(Which),
+    /// Examples: flux-hpc lora merge configs/my_lora.toml
+    ///           flux-hpc lora merge configs/my_lora.toml --adapter pytorch_lora_weights.safetensors
+    Merge {
+        #[command(flatten)]
+        which: Which,
+        /// Take the adapters from this file instead of the run's checkpoint: diffusers / PEFT
+        /// (`transformer.….lora_A.weight`) or kohya / ComfyUI (`lora_unet_…`) names, as other
+        /// tools write them; separately trained `to_q`/`to_k`/`to_v` adapters merge exactly.
+        #[arg(long, value_name = "FILE", conflicts_with = "ema")]
+        adapter: Option<PathBuf>,
+    },
     /// Write the adapters of a LoRA run's latest checkpoint in another tool's layout (default
     /// <run dir>/lora_<format>.safetensors).
     ///
@@ -61,22 +70,27 @@ enum LoraCommand {
 
 /// Run the subcommand.
 pub fn run(args: LoraArgs) -> Result<()> {
-    let (which, format) = match args.command {
-        LoraCommand::Merge(which) => (which, None),
-        LoraCommand::Export { which, format } => (which, Some(format)),
+    let (which, format, adapter) = match args.command {
+        LoraCommand::Merge { which, adapter } => (which, None, adapter),
+        LoraCommand::Export { which, format } => (which, Some(format), None),
     };
     let run = RunConfig::load(&which.config.config, &which.config.overrides)?;
-    let lora = LoraRun::open(&run, which.ema, format.is_none()).map_err(|e| anyhow!(e))?;
-    let (default, tensors) = match format {
-        None => ("merged.safetensors", lora.merged()),
-        Some(FormatArg::Diffusers) => (
-            "lora_diffusers.safetensors",
-            lora.export(LoraFormat::Diffusers).map_err(|e| anyhow!(e))?,
+    let (default, tensors) = match (format, &adapter) {
+        (None, Some(file)) => (
+            "merged.safetensors",
+            merge_adapter_file(&run, file).map_err(|e| anyhow!(e))?,
         ),
-        Some(FormatArg::Kohya) => (
-            "lora_kohya.safetensors",
-            lora.export(LoraFormat::Kohya).map_err(|e| anyhow!(e))?,
-        ),
+        (None, None) => ("merged.safetensors", open(&run, &which, true)?.merged()),
+        (Some(format), _) => {
+            let format = match format {
+                FormatArg::Diffusers => LoraFormat::Diffusers,
+                FormatArg::Kohya => LoraFormat::Kohya,
+            };
+            let tensors = open(&run, &which, false)?
+                .export(format)
+                .map_err(|e| anyhow!(e))?;
+            (format.default_file(), tensors)
+        }
     };
     let out = which
         .out
@@ -84,4 +98,9 @@ pub fn run(args: LoraArgs) -> Result<()> {
     flux_data::convert::write_tensors(&out, &tensors)?;
     println!("wrote {} tensors to {}", tensors.len(), out.display());
     Ok(())
+}
+
+/// The adapters of the run's latest checkpoint (with its base weights when `base`).
+fn open(run: &RunConfig, which: &Which, base: bool) -> Result<LoraRun> {
+    LoraRun::open(run, which.ema, base).map_err(|e| anyhow!(e))
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use common::threads::ThreadGroup;
 use common::tiny_config;
-use flux_model::lora::{export, Adapters, LoraSettings};
+use flux_model::lora::{export, import, Adapters, LoraSettings};
 use flux_model::tp::{Shard, TpContext};
 use flux_model::{DiffusionBatch, FluxConfig, ModelSpec};
 use tch::{Device, Kind, Tensor};
@@ -216,4 +216,122 @@ fn merged_weights_compute_what_base_and_adapters_compute() {
     let out = tch::no_grad(|| plain.forward(&batch, false)).unwrap();
     let err = (&out - &adapted).abs().max().double_value(&[]);
     assert!(err <= TOLERANCE, "merged max|Δ| {err:e}");
+}
+
+#[test]
+fn exported_adapters_import_back_in_both_layouts() {
+    tch::manual_seed(7);
+    let spec = spec();
+    let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    let mut adapters = Adapters::attach(model.as_ref(), SETTINGS, &all()).unwrap();
+    let random = random_adapters(&adapters);
+    adapters.store_mut().load_logical(&random).unwrap();
+    for (label, exported) in [
+        (
+            "diffusers",
+            export::diffusers_state_dict(&adapters, &random, &spec),
+        ),
+        ("kohya", export::kohya_state_dict(&adapters, &random, &spec)),
+    ] {
+        let imported = import::import(exported.unwrap(), &spec, label).unwrap();
+        assert_eq!(imported.len(), adapters.modules().len(), "{label}");
+        let other = spec.build(Device::Cpu, TpContext::single()).unwrap();
+        let mut fresh = Adapters::attach(other.as_ref(), SETTINGS, &all()).unwrap();
+        fresh.load_imported(&imported, label).unwrap();
+        for (name, value) in fresh.store().gather_logical(false) {
+            assert!(
+                value.allclose(&random[&name], 1e-6, 1e-6, false),
+                "{label}: {name}"
+            );
+        }
+        // A file of another rank is refused, naming the file and both ranks.
+        let other = spec.build(Device::Cpu, TpContext::single()).unwrap();
+        let rank3 = LoraSettings {
+            rank: 3,
+            ..SETTINGS
+        };
+        let mut wider = Adapters::attach(other.as_ref(), rank3, &all()).unwrap();
+        let err = wider
+            .load_imported(&imported, label)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("lora.init") && err.contains("rank 2") && err.contains(label),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
+    tch::manual_seed(9);
+    let spec = spec();
+    let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+    let qkv = "transformer.layers.0.self_attention.linear_qkv";
+    let mut adapters = Adapters::attach(model.as_ref(), SETTINGS, &[qkv.to_string()]).unwrap();
+    let random = random_adapters(&adapters);
+    adapters.store_mut().load_logical(&random).unwrap();
+    // diffusers' own training gives `to_k` an `A` of its own.
+    let key = |part: &str, leaf: &str| {
+        format!("transformer.transformer_blocks.0.attn.{part}.{leaf}.weight")
+    };
+    let mut file: HashMap<String, Tensor> = export::diffusers_state_dict(&adapters, &random, &spec)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let a_k = Tensor::randn([2, 64], (Kind::Float, Device::Cpu));
+    file.insert(key("to_k", "lora_A"), a_k.copy());
+    let copy = |f: &HashMap<String, Tensor>| -> HashMap<String, Tensor> {
+        f.iter().map(|(k, v)| (k.clone(), v.copy())).collect()
+    };
+    let imported = import::import(copy(&file).into_iter().collect(), &spec, "f").unwrap();
+    assert_eq!(imported.len(), 1);
+    assert!(imported[0].shared().is_none());
+    let delta = imported[0].delta();
+    let expected_k = file[&key("to_k", "lora_B")].mm(&a_k);
+    assert!(delta
+        .narrow(0, 64, 64)
+        .allclose(&expected_k, 1e-6, 1e-6, false));
+    let expected_q = file[&key("to_q", "lora_B")].mm(&file[&key("to_q", "lora_A")]);
+    assert!(delta
+        .narrow(0, 0, 64)
+        .allclose(&expected_q, 1e-6, 1e-6, false));
+    let err = adapters
+        .load_imported(&imported, "f")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("adapters of their own") && err.contains("merge"),
+        "{err}"
+    );
+
+    // A module the model lacks, a missing part, a mis-shaped B: each refused naming the key.
+    let mut foreign = copy(&file);
+    foreign.insert(
+        "transformer.transformer_blocks.9.attn.to_q.lora_A.weight".into(),
+        a_k.copy(),
+    );
+    let mut partial = copy(&file);
+    partial.remove(&key("to_v", "lora_A"));
+    partial.remove(&key("to_v", "lora_B"));
+    let mut misshaped = copy(&file);
+    misshaped.insert(
+        key("to_q", "lora_B"),
+        Tensor::zeros([63, 2], (Kind::Float, Device::Cpu)),
+    );
+    for (bad, expect) in [
+        (foreign, "transformer_blocks.9.attn.to_q"),
+        (partial, "to_v"),
+        (misshaped, "to_q"),
+    ] {
+        let err = import::import(bad.into_iter().collect(), &spec, "bad.safetensors")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.safetensors")
+                && err.contains(expect)
+                && err.contains("another model"),
+            "{err}"
+        );
+    }
 }

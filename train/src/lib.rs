@@ -4,6 +4,7 @@
 //! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
 //! data-parallel training loop.
 
+mod adapter_file;
 mod base_weights;
 mod cadence;
 mod data_source;
@@ -23,6 +24,7 @@ pub mod step_data;
 pub mod timesteps;
 mod trainer;
 
+pub use adapter_file::{merge_adapter_file, read_adapter_file};
 pub use base_weights::load_base;
 pub use cadence::{AfterStep, Cadence};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};

@@ -22,6 +22,16 @@ pub enum LoraFormat {
     Kohya,
 }
 
+impl LoraFormat {
+    /// The file `flux-hpc lora export` writes into the run directory.
+    pub fn default_file(self) -> &'static str {
+        match self {
+            Self::Diffusers => "lora_diffusers.safetensors",
+            Self::Kohya => "lora_kohya.safetensors",
+        }
+    }
+}
+
 /// The adapters of a LoRA run's latest checkpoint on its model (on this process, CPU).
 pub struct LoraRun {
     run: RunConfig,

@@ -5,10 +5,12 @@
 //! - [`targets`]: which linears a `[lora] targets` pattern selects.
 //! - [`Adapter`]: the update one layer adds.
 //! - [`Adapters`]: every adapter of a model, with its store.
-//! - [`export`]: adapters in diffusers/PEFT's layout.
+//! - [`export`]: adapters in diffusers/PEFT's and kohya's layouts.
+//! - [`import`]: adapters from those files, per native module.
 
 mod adapter;
 pub mod export;
+pub mod import;
 pub mod targets;
 
 use std::cell::Cell;
@@ -21,6 +23,7 @@ use crate::tp::{shard_var, GradSync, Linear, ParamSpec, ShardedStore};
 use crate::{ConfigError, DiffusionModel};
 
 pub use adapter::Adapter;
+pub use import::{ImportError, ImportedAdapter};
 
 /// Rank, strength and dropout of every adapter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,6 +202,51 @@ impl Adapters {
             settings,
             training,
         })
+    }
+
+    /// Start from the adapters of a file (`imported`, read by [`import::import`]; `file` names it
+    /// in errors, which name `lora.init`): each of its modules must be one this set wraps, at
+    /// this rank, with one `A` shared by all parts of a fused module; `B` is rescaled so that the
+    /// update is the file's under this set's `α / r`. Modules the file lacks keep their fresh
+    /// initialisation.
+    pub fn load_imported(
+        &mut self,
+        imported: &[ImportedAdapter],
+        file: &str,
+    ) -> Result<(), ConfigError> {
+        let refuse = |why: String| ConfigError::new("lora.init", format!("{file}: {why}"));
+        let mut values: HashMap<String, Tensor> =
+            self.store.gather_logical(false).into_iter().collect();
+        for adapter in imported {
+            let module = &adapter.module;
+            if !self.modules.contains(module) {
+                return Err(refuse(format!(
+                    "has an adapter for `{module}`, which [lora] targets do not select"
+                )));
+            }
+            if adapter.rank() != self.settings.rank {
+                return Err(refuse(format!(
+                    "`{module}` has rank {}, [lora] rank is {}",
+                    adapter.rank(),
+                    self.settings.rank
+                )));
+            }
+            let (a, b, scale) = adapter.shared().ok_or_else(|| {
+                refuse(format!(
+                    "the parts of `{module}` ({}) have adapters of their own, which one fused \
+                     adapter cannot continue; fold them into the base weights instead \
+                     (`flux-hpc lora merge --adapter`)",
+                    adapter.source.keys.join(", ")
+                ))
+            })?;
+            let kind = values[&format!("{module}.lora_A.weight")].kind();
+            let b = b.to_kind(Kind::Float) * (scale / self.settings.scale());
+            values.insert(format!("{module}.lora_A.weight"), a.to_kind(kind));
+            values.insert(format!("{module}.lora_B.weight"), b.to_kind(kind));
+        }
+        self.store
+            .load_logical(&values)
+            .map_err(|e| refuse(e.to_string()))
     }
 
     /// The adapters' parameters (what training updates and checkpoints hold).
