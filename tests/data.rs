@@ -1,13 +1,14 @@
 //! Latent data end to end: NumPy/safetensors-written sources ingested by `flux-hpc data ingest`
 //! (tar shards, per-sample files, HTTP streaming against a fault-injecting server), validated,
-//! and trained on under mpirun with exact resume.
+//! and trained on under mpirun with exact resume (two resolution buckets, masked loss); inputs
+//! and shards that do not fit are refused naming the sample or field.
 
 mod common;
 
 use std::path::Path;
 
 use common::fault_server::{Fault, FaultServer};
-use common::latents::{ingest_tars, sources};
+use common::latents::{ingest_tars, sources, write_npy_sample};
 use common::{assert_same_records, flux_hpc, ok, records, train};
 use flux_data::dataset::LatentDataset;
 use tch::Tensor;
@@ -209,15 +210,23 @@ fn streaming_ingest_retries_skips_logs_and_resumes() {
 }
 
 #[test]
-fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
-    let dir = sources("train-h5", &[]);
+fn bucketed_masked_shards_split_across_ranks_and_resume_exactly() {
+    // Two resolution buckets (two shards of 16×16 latents, one of 16×24), every sample masked.
+    let dir = sources(
+        "train-h5",
+        &["--masks", "--last-latent", "4,16,24", "--tars-only"],
+    );
     let (h5, _) = ingest_tars(&dir);
-    // 18 samples, 8 per step: steps cross epoch boundaries, so resume must restore the epoch.
+    // 4 samples per step: 3 steps of the 12 16×16 samples and 1 of the 6 16×24 ones per epoch (2
+    // sit it out), so the run resumes mid-epoch and crosses into the next one.
     let paths = format!("data.paths=[\"{}\"]", h5.display());
     let common = [
         "data.source=\"hdf5\"",
         paths.as_str(),
         "training.total_steps=6",
+        "training.global_batch_size=4",
+        "training.micro_batch_size=2",
+        "training.resolution_shift=true",
         "training.log_interval=1",
         "training.eval_interval=3",
     ];
@@ -228,33 +237,127 @@ fn training_on_shards_splits_across_ranks_and_resumes_exactly() {
     ok(&train(Some(2), &resumed, &interval));
     ok(&train(Some(2), &resumed, &common));
     let (a, b, c) = (records(&one), records(&two), records(&resumed));
-    // Two ranks read disjoint halves of each step and together see what one process sees.
+    // Two ranks read disjoint halves of each step, always of the same bucket, and together see
+    // what one process sees.
     assert_same_records(&a, &b, &["loss", "grad_norm", "eval_loss"], 1e-4);
     assert_same_records(&b, &c, &["loss", "grad_norm", "eval_loss"], 1e-5);
+    // Tokens per sample: 8 text tokens and 8×8 or 8×12 image tokens (2×2-packed latents).
+    let mut tokens: Vec<u64> = a
+        .iter()
+        .filter(|r| r["samples_per_s"].as_f64().unwrap() > 0.0)
+        .map(|r| {
+            (r["tokens_per_s"].as_f64().unwrap() / r["samples_per_s"].as_f64().unwrap()).round()
+                as u64
+        })
+        .collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens, [72, 104], "steps of both buckets");
     let loaded = flux_data::checkpoint::load(&resumed.join("step_000000003")).unwrap();
     assert_eq!(
         (loaded.data.epoch, loaded.data.index),
-        (1, 6),
-        "24 samples of 18 consumed"
+        (0, 12),
+        "3 steps of a 16-sample epoch"
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn shards_that_do_not_fit_the_model_are_refused_naming_the_field() {
-    let dir = sources("misfit", &[]);
+    let dir = sources("misfit", &["--tars-only"]);
     let (h5, _) = ingest_tars(&dir);
-    let paths = format!("data.paths=[\"{}\"]", h5.display());
-    let out = train(
-        None,
-        &dir.join("run"),
-        &["data.source=\"hdf5\"", &paths, "training.text_len=16"],
+    let refused = |name: &str, paths: &Path, extra: &[&str], want: &str| {
+        let paths = format!("data.paths=[\"{}\"]", paths.display());
+        let mut args = vec!["data.source=\"hdf5\"", paths.as_str()];
+        args.extend(extra);
+        let out = train(None, &dir.join(name), &args);
+        assert!(!out.status.success(), "{name} trained");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{name}: {stderr}");
+    };
+    refused(
+        "text",
+        &h5,
+        &["training.text_len=16"],
+        "data.paths: the shards' text states shape is [8, 32]",
     );
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Per-sample files, one shard each: a grid that 2×2 packing cannot cut, latents of another
+    // channel count, and two buckets neither of which fills a step.
+    let ingest = |name: &str, latents: &[&[i64]]| {
+        let (files, out) = (dir.join(name), dir.join(format!("{name}.h5")));
+        for (i, latent) in latents.iter().enumerate() {
+            write_npy_sample(&files, &format!("s{i}"), latent, None);
+        }
+        ok(&flux_hpc(&[
+            "data",
+            "ingest",
+            "--dir",
+            files.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--samples-per-shard",
+            "1",
+            "--latent-norm",
+            "identity",
+        ]));
+        out
+    };
+    refused(
+        "odd",
+        &ingest("odd", &[&[4, 15, 16]]),
+        &[],
+        "latent bucket 15×16 is not a multiple of 2 (the model's patch size 1, after 2×2 packing)",
+    );
+    refused(
+        "channels",
+        &ingest("channels", &[&[8, 16, 16]]),
+        &[],
+        "data.paths: the shards' latent channel count is 8",
+    );
+    refused(
+        "small",
+        &ingest("small", &[&[4, 16, 16], &[4, 16, 24]]),
+        &[],
+        "no resolution bucket holds training.global_batch_size = 8 samples",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn ingest_refuses_a_mask_off_the_latent_grid_and_two_sizes_in_one_shard() {
+    let dir = common::temp_dir("ingest-misfit");
+    let ingest = |name: &str| {
+        let (files, out) = (dir.join(name), dir.join(format!("{name}.h5")));
+        flux_hpc(&[
+            "data",
+            "ingest",
+            "--dir",
+            files.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--samples-per-shard",
+            "2",
+        ])
+    };
+    let refused = |out: std::process::Output, want: &str| {
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{stderr}");
+    };
+    write_npy_sample(&dir.join("mask"), "a", &[4, 16, 16], Some(&[16, 8]));
+    refused(
+        ingest("mask"),
+        "sample `a`: mask shape [16, 8] is not the latent grid [H, W] of [4, 16, 16]",
+    );
+    write_npy_sample(&dir.join("sizes"), "a", &[4, 16, 16], None);
+    write_npy_sample(&dir.join("sizes"), "b", &[4, 16, 24], None);
+    refused(
+        ingest("sizes"),
+        "sample `b` has latents [4, 16, 24], the shard's bucket is [4, 16, 16]",
+    );
     assert!(
-        stderr.contains("data.paths: the shards' text states shape is [8, 32]"),
-        "{stderr}"
+        !dir.join("sizes.h5/shard_000000.h5").exists(),
+        "no partial shard"
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -38,3 +38,22 @@ pub fn ingest_tars(dir: &Path) -> (PathBuf, String) {
     ok(&out);
     (h5, String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// One sample as per-sample NumPy files in `dir`: `{key}.latents.npy` of shape `latent`, the
+/// 8×32 text states and 16-wide pooled vector of flux_tiny, and `{key}.mask.npy` of shape
+/// `mask` when given (values seeded random, masks all ones).
+pub fn write_npy_sample(dir: &Path, key: &str, latent: &[i64], mask: Option<&[i64]>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let _guard = tch::no_grad_guard();
+    let fields = [
+        ("latents", tch::Tensor::randn(latent, tch::kind::FLOAT_CPU)),
+        ("t5", tch::Tensor::randn([8, 32], tch::kind::FLOAT_CPU)),
+        ("clip", tch::Tensor::randn([16], tch::kind::FLOAT_CPU)),
+    ];
+    let mask = mask.map(|shape| ("mask", tch::Tensor::ones(shape, tch::kind::FLOAT_CPU)));
+    for (field, value) in fields.into_iter().chain(mask) {
+        value
+            .write_npy(dir.join(format!("{key}.{field}.npy")))
+            .unwrap();
+    }
+}
