@@ -233,7 +233,8 @@ fn exported_adapters_import_back_in_both_layouts() {
         ),
         ("kohya", export::kohya_state_dict(&adapters, &random, &spec)),
     ] {
-        let imported = import::import(exported.unwrap(), &spec, label).unwrap();
+        let imported =
+            import::import(exported.unwrap(), &Default::default(), &spec, label).unwrap();
         assert_eq!(imported.len(), adapters.modules().len(), "{label}");
         let other = spec.build(Device::Cpu, TpContext::single()).unwrap();
         let mut fresh = Adapters::attach(other.as_ref(), SETTINGS, &all()).unwrap();
@@ -284,7 +285,13 @@ fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
     let copy = |f: &HashMap<String, Tensor>| -> HashMap<String, Tensor> {
         f.iter().map(|(k, v)| (k.clone(), v.copy())).collect()
     };
-    let imported = import::import(copy(&file).into_iter().collect(), &spec, "f").unwrap();
+    let imported = import::import(
+        copy(&file).into_iter().collect(),
+        &Default::default(),
+        &spec,
+        "f",
+    )
+    .unwrap();
     assert_eq!(imported.len(), 1);
     assert!(imported[0].shared().is_none());
     let delta = imported[0].delta();
@@ -324,9 +331,14 @@ fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
         (partial, "to_v"),
         (misshaped, "to_q"),
     ] {
-        let err = import::import(bad.into_iter().collect(), &spec, "bad.safetensors")
-            .unwrap_err()
-            .to_string();
+        let err = import::import(
+            bad.into_iter().collect(),
+            &Default::default(),
+            &spec,
+            "bad.safetensors",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("bad.safetensors")
                 && err.contains(expect)

@@ -21,6 +21,7 @@ pub fn read_adapter_file(path: &Path, model: &ModelSpec) -> Result<Vec<ImportedA
     let tensors = reader.read_all().map_err(|e| e.to_string())?;
     import::import(
         tensors.into_iter().collect(),
+        reader.metadata(),
         model,
         &path.display().to_string(),
     )

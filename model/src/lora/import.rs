@@ -2,7 +2,8 @@
 //!
 //! - diffusers / PEFT: `{prefix}{module}.lora_A.weight` / `lora_B.weight` under diffusers' module
 //!   names (prefix `transformer.`, `base_model.model.` or none), scaled `α / r` when the file has
-//!   `{module}.alpha`, else 1 (diffusers' loader without an adapter config);
+//!   `{module}.alpha`, else as the adapter settings in its metadata say ([`PeftConfig`]), else 1
+//!   (diffusers' loader without either);
 //! - kohya / ComfyUI: `lora_unet_{module}.lora_down.weight` / `lora_up.weight` / `alpha` under
 //!   BFL's module names with dots as underscores, scaled `alpha / r`.
 //!
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use tch::{Kind, Tensor};
 
+use super::peft_config::PeftConfig;
 use crate::convert::{Layout, Source};
 use crate::tp::ParamSpec;
 use crate::ModelSpec;
@@ -46,6 +48,14 @@ pub enum ImportError {
         /// The tensor's key.
         key: String,
         /// What is wrong with it.
+        why: String,
+    },
+    /// The adapter settings in the file's metadata are unreadable or not plain LoRA.
+    #[error("{file}: {why}")]
+    Metadata {
+        /// The adapter file.
+        file: String,
+        /// What is wrong with them.
         why: String,
     },
     /// A module's tensors have shapes that do not fit its weight or each other.
@@ -158,15 +168,20 @@ fn file_module(key: &str, layout: Layout) -> String {
     }
 }
 
-/// The adapters of `tensors` (an adapter file's contents, named `file` in errors) on a model
-/// of `model`, per native module in the model's order. Strict: every tensor must belong to a
-/// module the model has, every module needs its `A` and `B` with shapes that fit its weight,
-/// and a fused native module needs all its parts.
+/// The adapters of `tensors` (an adapter file's contents, its safetensors `metadata` beside
+/// them, named `file` in errors) on a model of `model`, per native module in the model's order.
+/// Strict: every tensor must belong to a module the model has, every module needs its `A` and
+/// `B` with shapes that fit its weight, and a fused native module needs all its parts.
 pub fn import(
     tensors: Vec<(String, Tensor)>,
+    metadata: &BTreeMap<String, String>,
     model: &ModelSpec,
     file: &str,
 ) -> Result<Vec<ImportedAdapter>, ImportError> {
+    let settings = PeftConfig::from_metadata(metadata).map_err(|why| ImportError::Metadata {
+        file: file.to_string(),
+        why,
+    })?;
     let foreign = |key: &str, why: &str| ImportError::Foreign {
         file: file.to_string(),
         key: key.to_string(),
@@ -246,11 +261,11 @@ pub fn import(
                     ),
                 ));
             }
-            let rank = sa[0] as f64;
-            let scale = match (entry.remove("alpha"), layout) {
-                (Some(alpha), _) => alpha.double_value(&[]) / rank,
-                (None, Layout::Diffusers) => 1.0,
-                (None, Layout::Bfl) => return Err(shape_error(name, "has no alpha".into())),
+            let scale = match (entry.remove("alpha"), layout, &settings) {
+                (Some(alpha), ..) => alpha.double_value(&[]) / sa[0] as f64,
+                (None, Layout::Diffusers, Some(settings)) => settings.scale(name, sa[0]),
+                (None, Layout::Diffusers, None) => 1.0,
+                (None, Layout::Bfl, _) => return Err(shape_error(name, "has no alpha".into())),
             };
             parts.push(PartAdapter { a, b, scale });
         }

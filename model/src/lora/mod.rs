@@ -11,6 +11,7 @@
 mod adapter;
 pub mod export;
 pub mod import;
+pub mod peft_config;
 pub mod targets;
 
 use std::cell::Cell;
