@@ -148,6 +148,109 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
 }
 
 #[test]
+fn peft_adapters_merge_exactly_and_a_run_continues_a_files_adapters() {
+    let dir = temp_dir("lora-import");
+    let (base, run, export) = (dir.join("base"), dir.join("lora"), dir.join("diffusers"));
+    ok(&train(
+        None,
+        &base,
+        &[DIFFUSERS_SHAPE, "training.total_steps=1"],
+    ));
+    common::convert_to_diffusers(&base, &export);
+    // An adapter as diffusers' training script saves one: to_q/to_k/to_v trained apart, α/r
+    // (and a per-module α) only in the file's metadata.
+    let peft = dir.join("peft.safetensors");
+    ok(&python(
+        "make_peft_lora.py",
+        &[export.as_os_str(), peft.as_os_str()],
+    ));
+    let io = diffusers_forward_with(&export, &peft, &dir.join("io.safetensors"));
+    let base_arg = format!("lora.base=\"{}\"", base.display());
+    let overrides = lora_args(&base_arg, &[DIFFUSERS_SHAPE]);
+    let (peft_str, merged) = (peft.to_str().unwrap(), dir.join("merged.safetensors"));
+    let mut merge = vec!["lora", "merge", common::FLUX_TINY, "--adapter", peft_str];
+    merge.extend(["--out", merged.to_str().unwrap()]);
+    merge.extend(overrides.iter().flat_map(|o| ["--set", *o]));
+    ok(&flux_hpc(&merge));
+    let config = RunConfig::parse(
+        &std::fs::read_to_string(base.join("config.toml")).unwrap(),
+        "base",
+        &[],
+    )
+    .unwrap();
+    let mut plain = config
+        .model
+        .build(Device::Cpu, TpContext::single())
+        .unwrap();
+    let merged: HashMap<String, Tensor> = Tensor::read_safetensors(&merged)
+        .unwrap()
+        .into_iter()
+        .collect();
+    plain.store_mut().load_logical(&merged).unwrap();
+    let batch = DiffusionBatch {
+        latents: io["img"].shallow_clone(),
+        timesteps: io["timesteps"].shallow_clone(),
+        text: Some(io["txt"].shallow_clone()),
+        pooled: Some(io["y"].shallow_clone()),
+        guidance: io.get("guidance").map(Tensor::shallow_clone),
+    };
+    let out = tch::no_grad(|| plain.forward(&batch, false)).unwrap();
+    assert_same_adapted_output("PEFT file merged", &out, &io);
+
+    let refused = |name: &str, extra: &[&str], want: &str| {
+        let out = train(
+            None,
+            &dir.join(name),
+            &lora_args(
+                &base_arg,
+                &[&[DIFFUSERS_SHAPE, "training.total_steps=1"], extra].concat(),
+            ),
+        );
+        assert!(!out.status.success(), "{name} trained");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("lora.init") && stderr.contains(want),
+            "{name}: {stderr}"
+        );
+        assert!(!dir.join(name).join("step_000000001").exists());
+    };
+    // One fused adapter cannot continue three separately trained ones.
+    let init_peft = format!("lora.init=\"{}\"", peft.display());
+    refused("peft", &[&init_peft], "have adapters of their own");
+
+    // A run started from another run's final adapters starts at that run's held-out loss.
+    let steps = ["training.total_steps=3", "training.eval_interval=3"];
+    ok(&train(None, &run, &[&overrides[..], &steps].concat()));
+    let (_, source_last) = common::first_and_last_eval(&run);
+    let init = format!(
+        "lora.init=\"{}\"",
+        run.join("final_lora.safetensors").display()
+    );
+    let continued = dir.join("continued");
+    ok(&train(
+        None,
+        &continued,
+        &[&overrides[..], &steps, &[&init]].concat(),
+    ));
+    let (continued_first, _) = common::first_and_last_eval(&continued);
+    assert!(
+        (continued_first - source_last).abs() <= 1e-5 * source_last,
+        "continued run starts at {continued_first}, its source ended at {source_last}"
+    );
+    refused(
+        "rank",
+        &[&init, "lora.rank=2"],
+        "has rank 4, [lora] rank is 2",
+    );
+    refused(
+        "untargeted",
+        &[&init, "lora.targets=[\"layers.0.*\"]"],
+        "which [lora] targets do not select",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn lora_on_tp2_by_dp2_matches_one_process_and_resumes_step_for_step() {
     let dir = temp_dir("lora-parallel");
     // The seeded random base (no `lora.base`).
