@@ -96,3 +96,53 @@ pub fn latent_samples(
         mask: mask.map(to),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::values::StorageDtype;
+    use crate::vae::VaeNorm;
+
+    /// A sample whose every channel holds its mask's value at each pixel: packed, the latents
+    /// must equal the packed mask element for element.
+    #[test]
+    fn a_packed_mask_weights_each_latent_value_by_its_own_pixel() {
+        let (c, h, w) = (3usize, 4usize, 6usize);
+        let pixel: Vec<f32> = (0..h * w).map(|i| i as f32 + 1.0).collect();
+        let sample = Sample {
+            id: "s".into(),
+            latents: pixel.repeat(c),
+            logvar: None,
+            t5: vec![0.0; 2],
+            clip: vec![0.0; 1],
+            caption: None,
+            mask: Some(pixel.clone()),
+        };
+        let layout = ShardLayout {
+            latent: [c, h, w],
+            text: [1, 2],
+            pooled: 1,
+            dtype: StorageDtype::F32,
+            logvar: false,
+            captions: false,
+            mask: true,
+            norm: VaeNorm {
+                scaling_factor: 1.0,
+                shift_factor: 0.0,
+            },
+            encoders: Default::default(),
+        };
+        for pack in [false, true] {
+            let s = latent_samples(
+                std::slice::from_ref(&sample),
+                &[0],
+                &layout,
+                LatentDraw::Mean,
+                pack,
+                Device::Cpu,
+            );
+            let mask = s.mask.unwrap().expand_as(&s.latents);
+            assert!(s.latents.equal(&mask), "pack {pack}");
+        }
+    }
+}
