@@ -44,6 +44,12 @@ impl Collective for MpiGroup {
         let _waiting = watchdog::enter(self.size());
         self.comm.all_gather_into(data, out);
     }
+
+    fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]) {
+        let _waiting = watchdog::enter(self.size());
+        self.comm
+            .reduce_scatter_block_into(data, out, SystemOperation::sum());
+    }
 }
 
 /// Why the parallel layout cannot be built. Every rank reaches the same verdict from the same

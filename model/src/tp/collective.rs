@@ -1,7 +1,7 @@
 //! The communication a tensor- or data-parallel group needs, behind a trait so that the model
 //! crate needs no MPI (`flux-cluster` implements it over MPI).
 
-/// A group of ranks that can sum and gather `f32` buffers. Every rank of the group must make the
+/// A group of ranks that can sum, scatter and gather `f32` buffers. Every rank of the group must make the
 /// same calls in the same order (as with any collective).
 pub trait Collective {
     /// This rank's index in the group, `0 ..< size()`.
@@ -12,6 +12,10 @@ pub trait Collective {
     fn all_reduce_sum(&self, data: &mut [f32]);
     /// Write every rank's `data` (equal lengths), in rank order, into `out` (`size()` times longer).
     fn all_gather(&self, data: &[f32], out: &mut [f32]);
+    /// Sum `data` (`size()` times `out`'s length) elementwise over the group and write block
+    /// `rank()` of the sum into `out`: an all-reduce of which each rank keeps only its part, for
+    /// a `1 / size()` share of an all-reduce's traffic.
+    fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]);
 
     /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
     /// failure anywhere, so all can stop together instead of one leaving the others in a
@@ -39,6 +43,10 @@ impl Collective for SingleRank {
     fn all_reduce_sum(&self, _data: &mut [f32]) {}
 
     fn all_gather(&self, data: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(data);
+    }
+
+    fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]) {
         out.copy_from_slice(data);
     }
 }

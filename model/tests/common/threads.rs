@@ -53,6 +53,14 @@ impl Collective for ThreadGroup {
     fn all_gather(&self, data: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&self.exchange(data).concat());
     }
+
+    fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]) {
+        let all = self.exchange(data);
+        let at = self.rank * out.len();
+        for (i, v) in out.iter_mut().enumerate() {
+            *v = all.iter().map(|r| r[at + i]).sum();
+        }
+    }
 }
 
 /// Assert that rank `rank`'s gathered gradients `got` equal the one-process `expected` (same
