@@ -194,8 +194,12 @@ pub fn global_grad_norm(store: &ShardedStore) -> f64 {
             } else {
                 1.0 / tp
             };
-            // Squares in the gradient's dtype, summed in f64: no f64 copy of the gradient.
-            local += weight * g.square().sum(Kind::Double).double_value(&[]);
+            // Squares in f32 (a bf16 square would round each one), summed in f64.
+            local += weight
+                * g.to_kind(Kind::Float)
+                    .square()
+                    .sum(Kind::Double)
+                    .double_value(&[]);
         }
     }
     let mut total = [local as f32];
@@ -204,12 +208,17 @@ pub fn global_grad_norm(store: &ShardedStore) -> f64 {
     (total[0] as f64).sqrt()
 }
 
+/// The factor that scales gradients of global norm `norm` to at most `max_norm` (0 disables),
+/// or `None` when they need no clipping.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> Option<f64> {
+    (max_norm > 0.0 && norm > max_norm).then(|| max_norm / (norm + 1e-6))
+}
+
 /// Scale every gradient so the global norm is at most `max_norm` (0 disables); returns the norm
 /// before clipping.
 pub fn clip_grad_norm(store: &ShardedStore, max_norm: f64) -> f64 {
     let norm = global_grad_norm(store);
-    if max_norm > 0.0 && norm > max_norm {
-        let coef = max_norm / (norm + 1e-6);
+    if let Some(coef) = clip_coefficient(norm, max_norm) {
         tch::no_grad(|| {
             for var in store.vs.variables().values() {
                 let mut g = var.grad();
