@@ -7,6 +7,7 @@
 mod adapter_file;
 mod base_weights;
 mod cadence;
+mod data_parallel;
 mod data_source;
 mod ema;
 mod fused_adamw;
@@ -20,6 +21,7 @@ mod run_config;
 pub mod sampling;
 pub mod scheduler;
 mod sections;
+mod sharded_adamw;
 pub mod step_data;
 pub mod timesteps;
 mod trainer;
@@ -27,12 +29,14 @@ mod trainer;
 pub use adapter_file::{merge_adapter_file, read_adapter_file};
 pub use base_weights::load_base;
 pub use cadence::{AfterStep, Cadence};
+pub use data_parallel::{dp_optimizer, DpOptimizer, Replicated};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use lora_run::{LoraFormat, LoraRun};
 pub use resume::{starting_checkpoint, StartPolicy};
-pub use run_config::{ParallelismConfig, RunConfig, RunConfigError};
+pub use run_config::{ParallelismConfig, RunConfig, RunConfigError, Sharding};
 pub use sections::{
     CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LoraConfig, LrSchedule,
     NonFinitePolicy, OptimizationConfig, Precision, TrainingConfig,
 };
+pub use sharded_adamw::ShardedAdamW;
 pub use trainer::{build_model, NonFiniteReport, StepError, StepStats, Trainer};

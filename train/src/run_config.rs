@@ -23,6 +23,19 @@ use crate::sections::{
 };
 use serde::{Deserialize, Serialize};
 
+/// What the data-parallel replicas shard among themselves instead of each holding all of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    /// Every replica holds the whole training state (plain data parallelism).
+    #[default]
+    None,
+    /// ZeRO-1 / Megatron's distributed optimizer: each replica keeps the f32 master weights and
+    /// AdamW moments of its `1 / dp` of the parameters; gradients are reduce-scattered, each
+    /// replica updates its part, and the updated weights are all-gathered.
+    Optimizer,
+}
+
 /// How the world of ranks is divided.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -31,6 +44,8 @@ pub struct ParallelismConfig {
     pub tensor_parallel_size: i64,
     /// Pipeline stages; diffusion models support only 1, as in Primus.
     pub pipeline_parallel_size: i64,
+    /// What the data-parallel group shards (`"none"` or `"optimizer"`).
+    pub sharding: Sharding,
     /// Longest wait, in seconds, of any collective for its peers before the job is ended with an
     /// error naming the waiting rank (a rank that hangs or is stopped must not hold the job
     /// forever). Generous by default: a unified checkpoint of a large model is written by one
@@ -43,6 +58,7 @@ impl Default for ParallelismConfig {
         Self {
             tensor_parallel_size: 1,
             pipeline_parallel_size: 1,
+            sharding: Sharding::None,
             collective_timeout_s: 1800,
         }
     }

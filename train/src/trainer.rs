@@ -8,18 +8,20 @@ use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingStat
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
-use flux_model::tp::{all_reduce_grads, Collective, ShardedStore, TpContext};
+use flux_model::tp::{Collective, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
 use crate::adapter_file::read_adapter_file;
 use crate::base_weights::load_base;
+use crate::data_parallel::{dp_optimizer, DpOptimizer};
 use crate::data_source::DataSource;
 use crate::ema::Ema;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
-use crate::optim::{clip_grad_norm, learning_rate, named_params, AdamW};
+use crate::optim::learning_rate;
 use crate::resume::check_architecture;
+use crate::run_config::Sharding;
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
 use crate::step_data::{step_data, NoiseLevels, StepData};
@@ -104,7 +106,7 @@ pub struct Trainer<'a> {
     adapters: Option<Adapters>,
     /// Under `[training] ema_decay > 0`: the moving average of the trained weights.
     ema: Option<Ema>,
-    optimizer: AdamW,
+    optimizer: Box<dyn DpOptimizer + 'a>,
     data: DataSource,
     /// Global samples consumed (the counter the next step starts at).
     consumed: u64,
@@ -188,10 +190,22 @@ impl<'a> Trainer<'a> {
                 Some(adapters)
             }
         };
+        let sharding = run.parallelism.sharding;
+        if sharding != Sharding::None && replicas == 1 {
+            return Err(ConfigError::new(
+                "parallelism.sharding",
+                format!(
+                    "shards state over the data-parallel replicas, and this run has one (world \
+                     {} / tensor_parallel_size {}); set \"none\" or launch more ranks",
+                    model.store().tp().size() as u64 * replicas,
+                    model.store().tp().size()
+                ),
+            ));
+        }
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
-        let optimizer = AdamW::new(named_params(trained), &run.optimization);
-        let ema = (t.ema_decay > 0.0)
-            .then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.state().params));
+        let optimizer = dp_optimizer(trained, &run.optimization, sharding, dp);
+        let ema =
+            (t.ema_decay > 0.0).then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.masters()));
         Ok(Self {
             run: run.clone(),
             model,
@@ -299,12 +313,16 @@ impl<'a> Trainer<'a> {
             local_loss += loss.double_value(&[]);
         }
         self.trained().finish_grads();
-        let params = self.trained().vs.trainable_variables();
-        all_reduce_grads(&params, self.dp, 1.0);
+        let trained = self
+            .adapters
+            .as_ref()
+            .map_or(self.model.store(), Adapters::store);
+        let grad_norm = self
+            .optimizer
+            .reduce_and_clip(trained, self.run.optimization.gradient_clip);
         let mut loss = [local_loss as f32];
         self.dp.all_reduce_sum(&mut loss);
         let loss = loss[0] as f64;
-        let grad_norm = clip_grad_norm(self.trained(), self.run.optimization.gradient_clip);
         let lr = learning_rate(&self.run.optimization, self.step, t.total_steps);
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
         self.consecutive_skips = if skipped {
@@ -337,7 +355,7 @@ impl<'a> Trainer<'a> {
         } else {
             self.optimizer.step(lr);
             if let Some(ema) = &mut self.ema {
-                ema.update(self.step, &self.optimizer.state().params);
+                ema.update(self.step, &self.optimizer.masters());
             }
         }
         self.consumed += t.global_batch_size;
@@ -400,7 +418,7 @@ impl<'a> Trainer<'a> {
         optimizer.ema = self
             .ema
             .as_ref()
-            .map(|e| e.shadows().iter().map(tch::Tensor::shallow_clone).collect());
+            .map(|e| self.optimizer.per_param(e.shadows()));
         TrainingState {
             step: self.step,
             config: toml::to_string(&self.run).expect("configs serialise"),
@@ -475,10 +493,11 @@ impl<'a> Trainer<'a> {
         let (exp_avg, exp_avg_sq) = (moments("exp_avg")?, moments("exp_avg_sq")?);
         if let Some(ema) = &mut self.ema {
             // A checkpoint written without an EMA starts the average at its weights.
-            ema.load(match checkpoint.tensors.contains_key("ema") {
+            let average = match checkpoint.tensors.contains_key("ema") {
                 true => group("ema")?,
                 false => params.iter().map(tch::Tensor::copy).collect(),
-            });
+            };
+            ema.load(self.optimizer.to_local(&average));
         }
         self.optimizer.load_state(OptimizerState {
             step: checkpoint.optimizer_step,
@@ -507,8 +526,8 @@ impl<'a> Trainer<'a> {
             trained
                 .param_specs()
                 .iter()
-                .zip(ema.shadows())
-                .map(|(spec, t)| (spec.name.clone(), tp.gather(spec, t)))
+                .zip(self.optimizer.per_param(ema.shadows()))
+                .map(|(spec, t)| (spec.name.clone(), tp.gather(spec, &t)))
                 .collect::<HashMap<_, _>>()
         });
         let in_order = |logical: &HashMap<String, tch::Tensor>| -> Vec<(String, tch::Tensor)> {

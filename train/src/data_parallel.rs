@@ -1,0 +1,108 @@
+//! How the optimizer's work is divided over the data-parallel group: [`Replicated`] (every
+//! replica sums all gradients and updates every weight) or [`crate::ShardedAdamW`] (each replica
+//! updates its share, `[parallelism] sharding = "optimizer"`). The training loop drives both
+//! through [`DpOptimizer`].
+
+use flux_data::checkpoint::OptimizerState;
+use flux_model::tp::{all_reduce_grads, Collective, ShardedStore};
+use tch::Tensor;
+
+use crate::optim::{clip_grad_norm, named_params, AdamW};
+use crate::run_config::Sharding;
+use crate::sections::OptimizationConfig;
+use crate::ShardedAdamW;
+
+/// The optimizer as a training step uses it.
+pub trait DpOptimizer {
+    /// Complete this step's gradients of `store` over the data-parallel group (after
+    /// [`ShardedStore::finish_grads`]), clip them to a global norm of `max_norm` (0: never) and
+    /// return the global L2 norm before clipping (NaN or infinite when a gradient is). A
+    /// collective over the data- and tensor-parallel groups.
+    fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64;
+
+    /// Apply one AdamW update at learning rate `lr` from the completed gradients, then clear
+    /// the model's gradients (a collective when sharded: the updated weights are gathered).
+    fn step(&mut self, lr: f64);
+
+    /// Clear the model's gradients without an update.
+    fn zero_grad(&mut self);
+
+    /// This rank's f32 master weights in the optimizer's own layout: one tensor per parameter,
+    /// or the flat share a sharded optimizer owns. What an EMA averages beside them.
+    fn masters(&self) -> Vec<Tensor>;
+
+    /// Tensors laid out like [`DpOptimizer::masters`] as one tensor per parameter (this rank's
+    /// tensor-parallel shard): an all-gather over the data-parallel group when sharded.
+    fn per_param(&self, local: &[Tensor]) -> Vec<Tensor>;
+
+    /// One tensor per parameter (this rank's tensor-parallel shard) as laid out like
+    /// [`DpOptimizer::masters`].
+    fn to_local(&self, per_param: &[Tensor]) -> Vec<Tensor>;
+
+    /// Master weights, moments and step counter, one tensor per parameter (what a checkpoint
+    /// holds, whatever the sharding; a collective when sharded).
+    fn state(&self) -> OptimizerState;
+
+    /// Continue from `state` (one tensor per parameter): masters, moments, step counter, and the
+    /// model's weights set from the masters.
+    fn load_state(&mut self, state: OptimizerState);
+}
+
+/// The optimizer of `store`'s trainable parameters for data-parallel group `dp`, sharded as
+/// `sharding` says.
+pub fn dp_optimizer<'a>(
+    store: &ShardedStore,
+    config: &OptimizationConfig,
+    sharding: Sharding,
+    dp: &'a dyn Collective,
+) -> Box<dyn DpOptimizer + 'a> {
+    match sharding {
+        Sharding::None => Box::new(Replicated {
+            adamw: AdamW::new(named_params(store), config),
+            dp,
+        }),
+        Sharding::Optimizer => Box::new(ShardedAdamW::new(store, config, dp)),
+    }
+}
+
+/// Plain data parallelism: gradients all-reduced in flat buckets, every replica updates every
+/// weight with the whole optimizer state.
+pub struct Replicated<'a> {
+    adamw: AdamW,
+    dp: &'a dyn Collective,
+}
+
+impl DpOptimizer for Replicated<'_> {
+    fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64 {
+        all_reduce_grads(&store.vs.trainable_variables(), self.dp, 1.0);
+        clip_grad_norm(store, max_norm)
+    }
+
+    fn step(&mut self, lr: f64) {
+        self.adamw.step(lr);
+    }
+
+    fn zero_grad(&mut self) {
+        self.adamw.zero_grad();
+    }
+
+    fn masters(&self) -> Vec<Tensor> {
+        self.adamw.state().params
+    }
+
+    fn per_param(&self, local: &[Tensor]) -> Vec<Tensor> {
+        local.iter().map(Tensor::shallow_clone).collect()
+    }
+
+    fn to_local(&self, per_param: &[Tensor]) -> Vec<Tensor> {
+        per_param.iter().map(Tensor::shallow_clone).collect()
+    }
+
+    fn state(&self) -> OptimizerState {
+        self.adamw.state()
+    }
+
+    fn load_state(&mut self, state: OptimizerState) {
+        self.adamw.load_state(state);
+    }
+}
