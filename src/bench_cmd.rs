@@ -144,9 +144,12 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     } else {
         t.micro_batch_size
     };
-    let trained = match &work {
-        Work::Step(trainer) => trainer.trained().num_local_params(true),
-        Work::Forward(model, _) => model.store().num_local_params(true),
+    let (trained, optimizer_bytes) = match &work {
+        Work::Step(trainer) => (
+            trainer.trained().num_local_params(true),
+            trainer.optimizer_state_bytes(),
+        ),
+        Work::Forward(model, _) => (model.store().num_local_params(true), 0),
     };
     let mut seconds = Vec::with_capacity(args.steps);
     for i in 0..args.warmup + args.steps {
@@ -191,6 +194,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "architecture": run.model.architecture(),
         "lora_rank": run.lora.as_ref().map(|l| l.rank),
         "trained_params_per_rank": trained,
+        "sharding": format!("{:?}", run.parallelism.sharding).to_lowercase(),
+        "optimizer_state_mib_per_rank": optimizer_bytes as f64 / (1 << 20) as f64,
         "image_tokens": image_tokens,
         "text_tokens": text_tokens,
         "seconds": seconds,

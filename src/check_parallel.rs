@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Result};
 use clap::Args;
 use flux_cluster::ParallelWorld;
-use flux_model::tp::{all_reduce_grads, CollectiveCounts, TpContext};
+use flux_model::tp::{all_reduce_grads, CollectiveCounts, TpContext, BUCKET_ELEMENTS};
 use flux_model::DiffusionBatch;
 use flux_train::RunConfig;
 use tch::{Device, Kind, Tensor};
@@ -108,6 +108,7 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
         &model.store().vs.trainable_variables(),
         world.dp.as_ref(),
         1.0,
+        BUCKET_ELEMENTS,
     );
 
     let out_diff = max_abs_diff(&out, &expected_out.narrow(0, start, local));

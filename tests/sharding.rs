@@ -20,6 +20,9 @@ const STEPS: [&str; 4] = [
 
 const SHARDED: &str = "parallelism.sharding=\"optimizer\"";
 
+/// Buckets of 64 Ki elements: flux_tiny's 453,584 parameters reduce in 7 buckets and more.
+const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
+
 fn with(extra: &[&'static str]) -> Vec<&'static str> {
     [&STEPS[..], extra].concat()
 }
@@ -50,7 +53,12 @@ fn optimizer_sharding_trains_as_plain_data_parallelism_and_resumes_unsharded() {
     ok(&train(
         Some(2),
         &sharded,
-        &with(&[SHARDED, "checkpoint.interval=3", "--stop-after 3"]),
+        &with(&[
+            SHARDED,
+            SMALL_BUCKETS,
+            "checkpoint.interval=3",
+            "--stop-after 3",
+        ]),
     ));
     ok(&train(Some(2), &sharded, &STEPS));
     let a = records(&one);

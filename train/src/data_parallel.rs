@@ -8,7 +8,7 @@ use flux_model::tp::{all_reduce_grads, Collective, ShardedStore};
 use tch::Tensor;
 
 use crate::optim::{clip_grad_norm, named_params, AdamW};
-use crate::run_config::Sharding;
+use crate::run_config::{ParallelismConfig, Sharding};
 use crate::sections::OptimizationConfig;
 use crate::ShardedAdamW;
 
@@ -46,22 +46,37 @@ pub trait DpOptimizer {
     /// Continue from `state` (one tensor per parameter): masters, moments, step counter, and the
     /// model's weights set from the masters.
     fn load_state(&mut self, state: OptimizerState);
+
+    /// Bytes this rank holds for the optimizer beyond the weights and their gradients: f32
+    /// masters kept apart from the weights, both moments, and a sharded optimizer's summed
+    /// gradient share.
+    fn state_bytes(&self) -> u64;
 }
 
-/// The optimizer of `store`'s trainable parameters for data-parallel group `dp`, sharded as
-/// `sharding` says.
+/// Bytes of the storage of `tensors`.
+pub(crate) fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64 {
+    tensors
+        .into_iter()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+        .sum()
+}
+
+/// The optimizer of `store`'s trainable parameters for data-parallel group `dp`, sharded and
+/// bucketed as `parallelism` says.
 pub fn dp_optimizer<'a>(
     store: &ShardedStore,
     config: &OptimizationConfig,
-    sharding: Sharding,
+    parallelism: &ParallelismConfig,
     dp: &'a dyn Collective,
 ) -> Box<dyn DpOptimizer + 'a> {
-    match sharding {
+    let bucket = parallelism.bucket_elements();
+    match parallelism.sharding {
         Sharding::None => Box::new(Replicated {
             adamw: AdamW::new(named_params(store), config),
             dp,
+            bucket,
         }),
-        Sharding::Optimizer => Box::new(ShardedAdamW::new(store, config, dp)),
+        Sharding::Optimizer => Box::new(ShardedAdamW::new(store, config, dp, bucket)),
     }
 }
 
@@ -70,11 +85,13 @@ pub fn dp_optimizer<'a>(
 pub struct Replicated<'a> {
     adamw: AdamW,
     dp: &'a dyn Collective,
+    /// Largest all-reduce, in elements.
+    bucket: usize,
 }
 
 impl DpOptimizer for Replicated<'_> {
     fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64 {
-        all_reduce_grads(&store.vs.trainable_variables(), self.dp, 1.0);
+        all_reduce_grads(&store.vs.trainable_variables(), self.dp, 1.0, self.bucket);
         clip_grad_norm(store, max_norm)
     }
 
@@ -104,5 +121,9 @@ impl DpOptimizer for Replicated<'_> {
 
     fn load_state(&mut self, state: OptimizerState) {
         self.adamw.load_state(state);
+    }
+
+    fn state_bytes(&self) -> u64 {
+        self.adamw.state_bytes()
     }
 }

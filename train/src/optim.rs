@@ -93,6 +93,19 @@ impl AdamW {
         }
     }
 
+    /// Bytes of the f32 masters kept apart from the weights (none in f32 training) and of both
+    /// moments.
+    pub fn state_bytes(&self) -> u64 {
+        let separate = self
+            .slots
+            .iter()
+            .filter(|s| s.param.kind() != Kind::Float)
+            .map(|s| &s.master);
+        crate::data_parallel::bytes_of(
+            separate.chain(self.slots.iter().flat_map(|s| [&s.exp_avg, &s.exp_avg_sq])),
+        )
+    }
+
     /// Restore master weights (also copied into the model's parameters), moments and step counter
     /// (`state.ema` is not the optimizer's and is ignored).
     pub fn load_state(&mut self, state: OptimizerState) {

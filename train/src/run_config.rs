@@ -37,7 +37,7 @@ pub enum Sharding {
 }
 
 /// How the world of ranks is divided.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelismConfig {
     /// Ranks sharing one model replica by splitting its weights (Megatron tensor parallelism).
@@ -46,6 +46,9 @@ pub struct ParallelismConfig {
     pub pipeline_parallel_size: i64,
     /// What the data-parallel group shards (`"none"` or `"optimizer"`).
     pub sharding: Sharding,
+    /// Largest bucket of gradients reduced over the data-parallel group in one collective, MiB
+    /// of f32 (a larger parameter is a bucket alone). Also the largest buffer the reduction adds.
+    pub bucket_mib: f64,
     /// Longest wait, in seconds, of any collective for its peers before the job is ended with an
     /// error naming the waiting rank (a rank that hangs or is stopped must not hold the job
     /// forever). Generous by default: a unified checkpoint of a large model is written by one
@@ -59,12 +62,18 @@ impl Default for ParallelismConfig {
             tensor_parallel_size: 1,
             pipeline_parallel_size: 1,
             sharding: Sharding::None,
+            bucket_mib: 100.0,
             collective_timeout_s: 1800,
         }
     }
 }
 
 impl ParallelismConfig {
+    /// `bucket_mib` in f32 elements.
+    pub fn bucket_elements(&self) -> usize {
+        (self.bucket_mib * (1 << 20) as f64 / 4.0) as usize
+    }
+
     /// Check sizes against the model; the error names the field within `[parallelism]`.
     pub fn validate(&self, model: &ModelSpec) -> Result<(), ConfigError> {
         if self.pipeline_parallel_size != 1 {
@@ -74,6 +83,12 @@ impl ParallelismConfig {
                     "pipeline parallelism is not supported for diffusion models (must be 1, got {})",
                     self.pipeline_parallel_size
                 ),
+            ));
+        }
+        if !(self.bucket_mib.is_finite() && self.bucket_elements() >= 1) {
+            return Err(ConfigError::new(
+                "bucket_mib",
+                format!("must hold at least one f32 value, got {}", self.bucket_mib),
             ));
         }
         if self.collective_timeout_s == 0 {

@@ -203,7 +203,7 @@ impl<'a> Trainer<'a> {
             ));
         }
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
-        let optimizer = dp_optimizer(trained, &run.optimization, sharding, dp);
+        let optimizer = dp_optimizer(trained, &run.optimization, &run.parallelism, dp);
         let ema =
             (t.ema_decay > 0.0).then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.masters()));
         Ok(Self {
@@ -238,6 +238,12 @@ impl<'a> Trainer<'a> {
         self.adapters
             .as_ref()
             .map_or(self.model.store(), Adapters::store)
+    }
+
+    /// Bytes this rank holds for the optimizer beyond the weights and their gradients (see
+    /// [`DpOptimizer::state_bytes`]).
+    pub fn optimizer_state_bytes(&self) -> u64 {
+        self.optimizer.state_bytes()
     }
 
     /// Optimizer steps taken.

@@ -204,7 +204,12 @@ impl TpContext {
     /// parameters whose gradients are partial on each rank.
     pub fn sum_grads(&self, params: &[Tensor]) {
         if self.size() > 1 {
-            let buckets = crate::tp::all_reduce_grads(params, self.collective(), 1.0);
+            let buckets = crate::tp::all_reduce_grads(
+                params,
+                self.collective(),
+                1.0,
+                crate::tp::BUCKET_ELEMENTS,
+            );
             self.group.count(|c| c.grad_sync += buckets);
         }
     }

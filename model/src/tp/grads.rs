@@ -4,13 +4,19 @@ use tch::{Device, Kind, Tensor};
 
 use crate::tp::Collective;
 
-/// Largest bucket, in elements (100 MiB of f32).
+/// The default largest bucket, in elements (100 MiB of f32).
 pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024;
 
 /// Sum the gradients of `params` over `comm` and multiply them by `scale`, packing them into
-/// flat buckets of at most [`BUCKET_ELEMENTS`] so that each bucket is one all-reduce. Parameters
-/// without a gradient are skipped. Returns the number of all-reduces issued.
-pub fn all_reduce_grads(params: &[Tensor], comm: &dyn Collective, scale: f64) -> u64 {
+/// flat buckets of at most `bucket_elements` (a larger gradient alone) so that each bucket is one
+/// all-reduce. Parameters without a gradient are skipped. Returns the number of all-reduces
+/// issued.
+pub fn all_reduce_grads(
+    params: &[Tensor],
+    comm: &dyn Collective,
+    scale: f64,
+    bucket_elements: usize,
+) -> u64 {
     if comm.size() == 1 && scale == 1.0 {
         // A group of one: the sum is the gradient itself.
         return 0;
@@ -26,7 +32,7 @@ pub fn all_reduce_grads(params: &[Tensor], comm: &dyn Collective, scale: f64) ->
         let mut end = start;
         let mut elements = 0;
         while end < grads.len()
-            && (end == start || elements + grads[end].numel() <= BUCKET_ELEMENTS)
+            && (end == start || elements + grads[end].numel() <= bucket_elements)
         {
             elements += grads[end].numel();
             end += 1;
