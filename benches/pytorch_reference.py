@@ -4,6 +4,7 @@ as the same JSON line.
 
     .venv/bin/python benches/pytorch_reference.py step CONFIG [--threads N] [--steps K] [--warmup W]
         [--lora-rank R]
+    .venv/bin/torchrun --nproc-per-node 2 benches/pytorch_reference.py step CONFIG --zero ...
     .venv/bin/python benches/pytorch_reference.py forward CONFIG [...]
     .venv/bin/python benches/pytorch_reference.py read SHARD.h5 [...]
 
@@ -12,12 +13,16 @@ FluxTransformer2DModel built from the run config's [model] table: fresh random l
 text and pooled vectors, logit-normal noise levels, the flow-matching target, MSE loss, backward,
 gradient clipping and torch.optim.AdamW (its default implementation); with `--lora-rank R`, the
 base frozen and PEFT LoRA adapters of rank R (α = R) on every nn.Linear, as diffusers' LoRA
-training scripts set them up (`requires_grad_(False)`, `add_adapter`). `forward` is one forward
+training scripts set them up (`requires_grad_(False)`, `add_adapter`). Under torchrun the ranks
+split the global batch as DistributedDataParallel replicas over gloo; with `--zero` AdamW is
+wrapped in ZeroRedundancyOptimizer (each rank keeps the state of its share of the parameters:
+ZeRO-1, what flux-hpc's `sharding = "optimizer"` does). `forward` is one forward
 pass under torch.no_grad() on a fixed micro-batch. `read` reads every sample of latent shards
 with h5py, decoding bf16/f16 to float32 as flux-hpc's reader does.
 """
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -51,10 +56,25 @@ def diffusers_model(m):
     )
 
 
+def optimizer_state_mib(opt):
+    """MiB of the optimizer state this rank holds (moments; ZeRO: its share only)."""
+    inner = getattr(opt, "optim", opt)
+    return sum(
+        v.numel() * v.element_size()
+        for state in inner.state.values()
+        for v in state.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    ) / 2**20
+
+
 def timed(args):
     cfg = tomllib.loads(open(args.config).read())
     m, t, o = cfg["model"], cfg["training"], cfg.get("optimization", {})
     torch.manual_seed(t.get("seed", 0))
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+    ranks = torch.distributed.get_world_size() if distributed else 1
     model = diffusers_model(m)
     p = m.get("patch_size", 1)
     rows, cols, text = t["latent_height"] // p, t["latent_width"] // p, t["text_len"]
@@ -63,7 +83,8 @@ def timed(args):
     img_ids = torch.stack([torch.zeros_like(r), r, c], -1).reshape(rows * cols, 3).float()
     txt_ids = torch.zeros(text, 3)
     train = args.what == "step"
-    batch = t["global_batch_size"] if train else t["micro_batch_size"]
+    samples = t["global_batch_size"] if train else t["micro_batch_size"]
+    batch = samples // ranks
     guidance = (
         torch.full((batch,), float(m.get("guidance_scale", 3.5)))
         if m.get("guidance_embed", False)
@@ -91,13 +112,20 @@ def timed(args):
         model.add_adapter(LoraConfig(r=lora_rank, lora_alpha=lora_rank, target_modules=linears))
     if train:
         model.train()
-        opt = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+        trained = [p for p in model.parameters() if p.requires_grad]
+        adamw = dict(
             lr=o.get("learning_rate", 1e-4),
             betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
             eps=o.get("epsilon", 1e-8),
             weight_decay=o.get("weight_decay", 0.01),
         )
+        if getattr(args, "zero", False):
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(trained, optimizer_class=torch.optim.AdamW, **adamw)
+        else:
+            opt = torch.optim.AdamW(trained, **adamw)
+        replica = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
         clip = o.get("gradient_clip", 1.0)
 
         def work():
@@ -105,7 +133,7 @@ def timed(args):
             noise = torch.randn_like(x0)
             sigma = torch.sigmoid(torch.randn(batch))
             s = sigma[:, None, None]
-            pred = model(**inputs((1 - s) * x0 + s * noise, sigma))[0]
+            pred = replica(**inputs((1 - s) * x0 + s * noise, sigma))[0]
             loss = torch.nn.functional.mse_loss(pred, noise - x0)
             loss.backward()
             if clip > 0:
@@ -129,6 +157,8 @@ def timed(args):
         if i >= args.warmup:
             seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
+    if distributed and torch.distributed.get_rank() != 0:
+        return
     print(
         json.dumps(
             {
@@ -137,17 +167,19 @@ def timed(args):
                 "device": "Cpu",
                 "precision": "fp32",
                 "threads": torch.get_num_threads(),
-                "ranks": 1,
+                "ranks": ranks,
                 "tp": 1,
-                "samples": batch,
+                "samples": samples,
                 "image_tokens": rows * cols,
                 "text_tokens": text,
                 "seconds": seconds,
                 "median_s": median,
-                "samples_per_s": batch / median,
+                "samples_per_s": samples / median,
                 "peak_rss_mib": peak_rss_mib(),
                 "lora_rank": lora_rank,
                 "trained_params_per_rank": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                "sharding": "optimizer" if getattr(args, "zero", False) else "none",
+                "optimizer_state_mib_per_rank": optimizer_state_mib(opt) if train else 0.0,
             }
         )
     )
@@ -202,6 +234,8 @@ def main():
         s.add_argument("--warmup", type=int, default=1)
         if what == "step":
             s.add_argument("--lora-rank", type=int, default=None)
+            s.add_argument("--zero", action="store_true",
+                           help="under torchrun: ZeroRedundancyOptimizer (ZeRO-1)")
     r = sub.add_parser("read")
     r.add_argument("paths", nargs="+")
     args = ap.parse_args()

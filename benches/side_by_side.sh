@@ -12,8 +12,9 @@
 # data-parallel scaling (1 vs 2 MPI ranks, one thread each, same per-rank batch); the overhead of
 # tensor parallelism (2 ranks at TP=2 vs one rank, one thread each); reading a ~200 MB latent shard
 # with flux-hpc's reader vs h5py; LoRA fine-tuning (rank 16 on every linear, base frozen) against
-# full training and against diffusers + PEFT doing the same at the highest thread count. Raw JSON
-# lines are kept in $OUT (default: a temp dir).
+# full training and against diffusers + PEFT doing the same at the highest thread count; then
+# benches/sharding.sh (optimizer sharding against plain data parallelism and PyTorch's
+# ZeroRedundancyOptimizer). Raw JSON lines are kept in $OUT (default: a temp dir).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -83,3 +84,4 @@ done
 
 "$PY" benches/report.py "$results"
 say "raw results: $results"
+ROUNDS=$ROUNDS STEPS=$STEPS OUT=$OUT bash benches/sharding.sh

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""The table of benches/sharding.sh: for each implementation and precision, plain data
+parallelism against optimizer sharding on 2 ranks (medians over rounds).
+
+    .venv/bin/python benches/sharding_report.py RESULTS.jsonl
+"""
+import json
+import statistics
+import sys
+
+
+def main():
+    runs = {}
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        runs.setdefault((r["impl"], r["precision"], r["sharding"]), []).append(r)
+
+    def med(key, field):
+        return statistics.median(r[field] for r in runs[key])
+
+    print(f"{'2 ranks, 1 thread each':<28}{'sharding':>10}{'state MiB':>11}{'peak RSS MiB':>14}"
+          f"{'step s':>9}{'state':>8}{'RSS':>7}{'time':>7}")
+    for impl, precision in sorted({(i, p) for i, p, _ in runs}):
+        plain = (impl, precision, "none")
+        for sharding in ("none", "optimizer"):
+            key = (impl, precision, sharding)
+            if key not in runs:
+                continue
+            state, rss, step = (med(key, f) for f in
+                                ("optimizer_state_mib_per_rank", "peak_rss_mib", "median_s"))
+            ratios = ""
+            if sharding != "none" and plain in runs:
+                ratios = (f"{state / med(plain, 'optimizer_state_mib_per_rank'):>8.2f}"
+                          f"{rss / med(plain, 'peak_rss_mib'):>7.2f}"
+                          f"{step / med(plain, 'median_s'):>7.2f}")
+            print(f"{impl + ' ' + precision:<28}{sharding:>10}{state:>11.1f}{rss:>14.0f}"
+                  f"{step:>9.3f}{ratios}")
+    flux, torch = ("flux-hpc", "fp32", "optimizer"), ("pytorch", "fp32", "optimizer")
+    if flux in runs and torch in runs:
+        print(f"flux-hpc / PyTorch ZeRO-1, f32: peak RSS "
+              f"{med(flux, 'peak_rss_mib') / med(torch, 'peak_rss_mib'):.2f}×, step time "
+              f"{med(flux, 'median_s') / med(torch, 'median_s'):.2f}×")
+
+
+if __name__ == "__main__":
+    main()
