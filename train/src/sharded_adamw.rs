@@ -75,8 +75,8 @@ impl ShardLayout {
             let (lo, hi) = (rank * share, (rank + 1) * share);
             let mut segments = Vec::new();
             let mut start = 0;
-            for param in first..end {
-                let (from, to) = (start.max(lo), (start + numels[param]).min(hi));
+            for (param, &n) in numels.iter().enumerate().take(end).skip(first) {
+                let (from, to) = (start.max(lo), (start + n).min(hi));
                 if from < to {
                     segments.push(Segment {
                         param,
@@ -87,7 +87,7 @@ impl ShardLayout {
                     });
                     owned += to - from;
                 }
-                start += numels[param];
+                start += n;
             }
             buckets.push(Bucket {
                 params: first..end,
