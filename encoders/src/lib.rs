@@ -1,9 +1,14 @@
 //! # flux-encoders
 //!
-//! What turns prompts into the inputs of Flux-class text encoders: [`PromptTokenizer`] reads the
+//! What turns prompts into the conditioning of Flux-class models: [`PromptTokenizer`] reads the
 //! tokenizer folders diffusers ships (`tokenizer/` for CLIP-L, `tokenizer_2/` for T5) and pads
-//! and truncates as diffusers' Flux pipeline does.
+//! and truncates as diffusers' Flux pipeline does; [`ClipTextModel`] is CLIP's text transformer
+//! (FLUX.1's `text_encoder/`), loaded from the files transformers saves.
 
+pub mod clip;
 pub mod tokenizer;
+pub mod weights;
 
+pub use clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
 pub use tokenizer::{PromptTokenizer, TokenBatch, TokenizerError};
+pub use weights::LoadError;

@@ -1,0 +1,3 @@
+fn main() {
+    flux_build::link_libtorch_rpath();
+}
