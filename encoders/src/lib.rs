@@ -3,12 +3,15 @@
 //! What turns prompts into the conditioning of Flux-class models: [`PromptTokenizer`] reads the
 //! tokenizer folders diffusers ships (`tokenizer/` for CLIP-L, `tokenizer_2/` for T5) and pads
 //! and truncates as diffusers' Flux pipeline does; [`ClipTextModel`] is CLIP's text transformer
-//! (FLUX.1's `text_encoder/`), loaded from the files transformers saves.
+//! (FLUX.1's `text_encoder/`) and [`T5Encoder`] T5's encoder (`text_encoder_2/`), both loaded from
+//! the files transformers saves.
 
 pub mod clip;
+pub mod t5;
 pub mod tokenizer;
 pub mod weights;
 
 pub use clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
+pub use t5::{T5Config, T5Encoder};
 pub use tokenizer::{PromptTokenizer, TokenBatch, TokenizerError};
 pub use weights::LoadError;
