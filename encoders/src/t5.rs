@@ -245,11 +245,14 @@ impl T5Encoder {
         let (heads, d_kv) = (self.config.num_heads, self.config.d_kv);
         let mut x = self.shared.forward(ids);
         let kind = x.kind();
-        let mut bias = self.position_bias(l, ids.device()).to_kind(Kind::Float);
-        if let Some(mask) = attention_mask {
-            let blocked = mask.eq(0).view([b, 1, 1, l]).to_kind(Kind::Float) * f32::MIN as f64;
-            bias += blocked;
-        }
+        let bias = self.position_bias(l, ids.device()).to_kind(Kind::Float);
+        // Padding masked out: a large negative score, [B, 1, 1, L] broadcast over heads and queries.
+        let bias = match attention_mask {
+            Some(mask) => {
+                bias + mask.eq(0).view([b, 1, 1, l]).to_kind(Kind::Float) * f32::MIN as f64
+            }
+            None => bias,
+        };
         let bias = bias.to_kind(kind);
         let split = |t: Tensor| t.view([b, l, heads, d_kv]).transpose(1, 2);
         for block in &self.blocks {
