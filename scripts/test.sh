@@ -20,6 +20,10 @@ if [ ! -f tests/fixtures/data/text/clip_outputs.safetensors ]; then
     echo "[test] making tokenizer and text-encoder fixtures from transformers"
     .venv/bin/python tests/fixtures/make_text_fixtures.py tests/fixtures/data/text
 fi
+if [ ! -f tests/fixtures/data/vae/vae_outputs.safetensors ]; then
+    echo "[test] making autoencoder fixtures from diffusers"
+    .venv/bin/python tests/fixtures/make_vae_fixtures.py tests/fixtures/data/vae
+fi
 if [ ! -f tests/fixtures/data/scheduler.json ]; then
     echo "[test] making scheduler fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_scheduler_fixtures.py

@@ -157,6 +157,7 @@ impl ClipTextModel {
         load_into(
             &mut model.vs,
             dir,
+            "model",
             &["text_model."],
             &["embeddings.position_ids"],
         )?;

@@ -4,14 +4,16 @@
 //! tokenizer folders diffusers ships (`tokenizer/` for CLIP-L, `tokenizer_2/` for T5) and pads
 //! and truncates as diffusers' Flux pipeline does; [`ClipTextModel`] is CLIP's text transformer
 //! (FLUX.1's `text_encoder/`) and [`T5Encoder`] T5's encoder (`text_encoder_2/`), both loaded from
-//! the files transformers saves.
+//! the files transformers saves; [`Autoencoder`] is FLUX.1's VAE (`vae/`), images ↔ latents.
 
 pub mod clip;
 pub mod t5;
 pub mod tokenizer;
+pub mod vae;
 pub mod weights;
 
 pub use clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
 pub use t5::{T5Config, T5Encoder};
 pub use tokenizer::{PromptTokenizer, TokenBatch, TokenizerError};
+pub use vae::{Autoencoder, AutoencoderConfig, Posterior};
 pub use weights::LoadError;

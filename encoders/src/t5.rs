@@ -203,7 +203,13 @@ impl T5Encoder {
         let mut model =
             Self::new(config, device).map_err(|e| LoadError::new(&dir.join("config.json"), e))?;
         model.vs.set_kind(kind);
-        load_into(&mut model.vs, dir, &[], &["encoder.embed_tokens.weight"])?;
+        load_into(
+            &mut model.vs,
+            dir,
+            "model",
+            &[],
+            &["encoder.embed_tokens.weight"],
+        )?;
         Ok(model)
     }
 

@@ -1,6 +1,7 @@
 //! Encoder weights from the folders transformers and diffusers save: `config.json` beside
-//! `model.safetensors` (or `model.safetensors.index.json` and its shards), loaded strictly into
-//! a `VarStore`: every variable found at its shape, every stored tensor used.
+//! `{stem}.safetensors` (or `{stem}.safetensors.index.json` and its shards; the stem is `model`
+//! for transformers, `diffusion_pytorch_model` for diffusers), loaded strictly into a `VarStore`:
+//! every variable found at its shape, every stored tensor used.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -35,11 +36,11 @@ pub fn read_config<C: DeserializeOwned>(dir: &Path) -> Result<C, LoadError> {
     serde_json::from_str(&text).map_err(|e| LoadError::new(&path, e))
 }
 
-/// Every tensor of the weights in `dir`: `model.safetensors`, or the shards its
-/// `model.safetensors.index.json` lists.
-fn read_tensors(dir: &Path) -> Result<Vec<(String, Tensor, PathBuf)>, LoadError> {
-    let single = dir.join("model.safetensors");
-    let index = dir.join("model.safetensors.index.json");
+/// Every tensor of the weights in `dir`: `{stem}.safetensors`, or the shards its
+/// `{stem}.safetensors.index.json` lists.
+fn read_tensors(dir: &Path, stem: &str) -> Result<Vec<(String, Tensor, PathBuf)>, LoadError> {
+    let single = dir.join(format!("{stem}.safetensors"));
+    let index = dir.join(format!("{stem}.safetensors.index.json"));
     let files: Vec<PathBuf> = if single.exists() {
         vec![single]
     } else if index.exists() {
@@ -60,7 +61,7 @@ fn read_tensors(dir: &Path) -> Result<Vec<(String, Tensor, PathBuf)>, LoadError>
     } else {
         return Err(LoadError::new(
             dir,
-            "holds neither model.safetensors nor model.safetensors.index.json",
+            format!("holds neither {stem}.safetensors nor {stem}.safetensors.index.json"),
         ));
     };
     let mut out = Vec::new();
@@ -71,19 +72,20 @@ fn read_tensors(dir: &Path) -> Result<Vec<(String, Tensor, PathBuf)>, LoadError>
     Ok(out)
 }
 
-/// Set every variable of `vs` from the weights in `dir`, a stored name mapped to a variable name
-/// by dropping the first of `prefixes` it starts with. Stored tensors named in `ignored` (e.g.
+/// Set every variable of `vs` from the weights `{stem}.safetensors` in `dir`, a stored name mapped
+/// to a variable name by dropping the first of `prefixes` it starts with. Stored tensors named in `ignored` (e.g.
 /// buffers older files saved) are skipped; any other tensor the model lacks, a variable the
 /// files lack or a shape that differs is an error naming the file and tensor.
 pub fn load_into(
     vs: &mut VarStore,
     dir: &Path,
+    stem: &str,
     prefixes: &[&str],
     ignored: &[&str],
 ) -> Result<(), LoadError> {
     let mut vars: HashMap<String, Tensor> = vs.variables();
     let mut missing: Vec<String> = vars.keys().cloned().collect();
-    for (stored, tensor, file) in read_tensors(dir)? {
+    for (stored, tensor, file) in read_tensors(dir, stem)? {
         let name = prefixes
             .iter()
             .find_map(|p| stored.strip_prefix(p))
