@@ -4,15 +4,21 @@
 //! tokenizer folders diffusers ships (`tokenizer/` for CLIP-L, `tokenizer_2/` for T5) and pads
 //! and truncates as diffusers' Flux pipeline does; [`ClipTextModel`] is CLIP's text transformer
 //! (FLUX.1's `text_encoder/`) and [`T5Encoder`] T5's encoder (`text_encoder_2/`), both loaded from
-//! the files transformers saves; [`Autoencoder`] is FLUX.1's VAE (`vae/`), images ↔ latents.
+//! the files transformers saves; [`Autoencoder`] is FLUX.1's VAE (`vae/`), images ↔ latents;
+//! [`PromptEncoder`] runs a FLUX.1 folder's text side as diffusers' pipeline does, and
+//! [`write_png`] writes decoded images.
 
 pub mod clip;
+pub mod png;
+pub mod prompt;
 pub mod t5;
 pub mod tokenizer;
 pub mod vae;
 pub mod weights;
 
 pub use clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
+pub use png::write_png;
+pub use prompt::{PromptEmbeddings, PromptEncoder};
 pub use t5::{T5Config, T5Encoder};
 pub use tokenizer::{PromptTokenizer, TokenBatch, TokenizerError};
 pub use vae::{Autoencoder, AutoencoderConfig, Posterior};
