@@ -60,10 +60,12 @@ enum Command {
     ///
     /// Example: mpirun -np 2 flux-hpc train configs/flux_tiny.toml --set training.total_steps=50
     Train(train_cmd::TrainArgs),
-    /// Generate latents from trained weights (Euler or Heun, FLUX.1's shifted schedule, optional
-    /// two-pass classifier-free guidance) and compare them with the data they should match.
+    /// Generate from trained weights (Euler or Heun, FLUX.1's shifted schedule, optional two-pass
+    /// classifier-free guidance): images from prompts through a FLUX.1 folder's text encoders and
+    /// VAE, or latents compared with the synthetic data they should match.
     ///
-    /// Example: flux-hpc sample configs/flux_tiny.toml --steps 28 --count 4
+    /// Examples: flux-hpc sample configs/flux_12b.toml --encoders FLUX.1-dev --prompt "a cat"
+    ///           flux-hpc sample configs/flux_tiny.toml --steps 28 --count 4
     Sample(sample_cmd::SampleArgs),
     /// Inspect training checkpoints.
     Ckpt(ckpt_cmd::CkptArgs),

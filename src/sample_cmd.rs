@@ -1,17 +1,21 @@
-//! `flux-hpc sample`: generate latents from trained weights with the flow-matching ODE.
+//! `flux-hpc sample`: generate latents from trained weights with the flow-matching ODE, conditioned
+//! on prompts (encoded by a FLUX.1 folder's text encoders, decoded to PNGs by its VAE) or on the
+//! held-out synthetic samples.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use flux_data::convert::SafetensorsReader;
 use flux_data::KeyedRng;
+use flux_data::LatentSamples;
+use flux_encoders::{write_png, Autoencoder, PromptEncoder};
 use flux_model::tp::TpContext;
 use flux_model::DiffusionBatch;
 use flux_train::sampling::guided_velocity;
 use flux_train::scheduler::{integrate, FlowMatchEulerDiscreteScheduler};
 use flux_train::{synthetic_data, RunConfig, EVAL_BASE};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::{ConfigArgs, DeviceArgs};
 
@@ -32,9 +36,22 @@ pub struct SampleArgs {
     /// Output file (default: <run dir>/samples.safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Samples to generate, conditioned on the held-out synthetic samples' text and vectors.
+    /// Samples to generate, conditioned on the held-out synthetic samples' text and vectors
+    /// (without --prompt).
     #[arg(long, default_value_t = 4)]
     count: u64,
+    /// A prompt to sample (repeatable; one image each), encoded by the text encoders of
+    /// --encoders as diffusers' FluxPipeline encodes it (CLIP's pooled vector, T5's states at
+    /// [training] text_len tokens).
+    #[arg(long = "prompt", requires = "encoders")]
+    prompts: Vec<String>,
+    /// A diffusers FLUX.1 folder: tokenizer/ + text_encoder/ (CLIP), tokenizer_2/ +
+    /// text_encoder_2/ (T5), vae/. Text encoders are freed before the transformer is loaded.
+    #[arg(long)]
+    encoders: Option<PathBuf>,
+    /// With --prompt: write the latents only, no decoding to PNG.
+    #[arg(long)]
+    latents_only: bool,
     /// ODE steps (FLUX.1's schedule with resolution-dependent shift).
     #[arg(long, default_value_t = 28)]
     steps: usize,
@@ -64,6 +81,13 @@ pub fn run(args: SampleArgs) -> Result<()> {
         false => "final.safetensors",
     };
     let weights = args.weights.unwrap_or_else(|| dir.join(default));
+    // Prompts are encoded (and the encoders freed) before the transformer is loaded.
+    let prompted = match &args.encoders {
+        Some(folder) if !args.prompts.is_empty() => {
+            Some(encode_prompts(folder, &args.prompts, &run, device)?)
+        }
+        _ => None,
+    };
     let mut model = run.model.build(device, TpContext::single())?;
     let reader = SafetensorsReader::open(&weights)?;
     if !reader.verify_checksum()? {
@@ -78,10 +102,25 @@ pub fn run(args: SampleArgs) -> Result<()> {
         .load_logical(&tensors)
         .with_context(|| format!("{} does not fit this config", weights.display()))?;
 
-    let data = synthetic_data(&run);
-    let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + args.count).collect();
-    let cond = data.batch(&ids, device);
-    let b = args.count as i64;
+    let cond = match prompted {
+        Some((txt, y)) => {
+            let b = txt.size()[0];
+            let shape = [b, inputs.latent_channels, t.latent_height, t.latent_width];
+            let latents = Tensor::zeros(shape, (Kind::Float, device));
+            LatentSamples {
+                latents,
+                txt,
+                y,
+                mask: None,
+            }
+        }
+        None => {
+            let data = synthetic_data(&run);
+            let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + args.count).collect();
+            data.batch(&ids, device)
+        }
+    };
+    let b = cond.latents.size()[0];
     let size = cond.latents.size();
     let noise = KeyedRng::new(args.seed, 0, 0).normals(cond.latents.numel());
     let start = Tensor::from_slice(&noise)
@@ -117,29 +156,107 @@ pub fn run(args: SampleArgs) -> Result<()> {
             }
         })
     });
-    let mse = |a: &Tensor| {
-        (a - &cond.latents)
-            .square()
-            .mean(Kind::Float)
-            .double_value(&[])
-    };
     let out = args.out.unwrap_or_else(|| dir.join("samples.safetensors"));
-    let written = [
-        ("latents".to_string(), latents.shallow_clone()),
-        ("reference".to_string(), cond.latents.shallow_clone()),
-    ];
-    flux_data::convert::write_tensors(&out, &written)?;
     println!(
         "samples           {:?} in {} {} steps",
         latents.size(),
         args.steps,
         if args.heun { "Heun" } else { "Euler" }
     );
-    println!(
-        "mse vs data       {:.4} (the data's own variance: {:.4})",
-        mse(&latents),
-        mse(&cond.latents.zeros_like())
-    );
+    if args.prompts.is_empty() {
+        let mse = |a: &Tensor| {
+            (a - &cond.latents)
+                .square()
+                .mean(Kind::Float)
+                .double_value(&[])
+        };
+        let written = [
+            ("latents".to_string(), latents.shallow_clone()),
+            ("reference".to_string(), cond.latents.shallow_clone()),
+        ];
+        flux_data::convert::write_tensors(&out, &written)?;
+        println!(
+            "mse vs data       {:.4} (the data's own variance: {:.4})",
+            mse(&latents),
+            mse(&cond.latents.zeros_like())
+        );
+    } else {
+        flux_data::convert::write_tensors(
+            &out,
+            &[("latents".to_string(), latents.shallow_clone())],
+        )?;
+    }
     println!("written           {}", out.display());
+    if let (Some(folder), false) = (&args.encoders, args.prompts.is_empty() || args.latents_only) {
+        drop(model);
+        for path in decode_to_pngs(folder, &latents, &out, device)? {
+            println!("image             {}", path.display());
+        }
+    }
     Ok(())
+}
+
+/// The T5 states and CLIP pooled vectors of `prompts` from the text encoders in `folder`,
+/// checked against the model's input widths.
+fn encode_prompts(
+    folder: &Path,
+    prompts: &[String],
+    run: &RunConfig,
+    device: Device,
+) -> Result<(Tensor, Tensor)> {
+    let kind = match device {
+        Device::Cpu => Kind::Float,
+        _ => Kind::BFloat16,
+    };
+    let encoder = PromptEncoder::load(folder, run.training.text_len as usize, kind, device)?;
+    let inputs = run.model.inputs();
+    let (text, pooled) = encoder.widths();
+    if inputs.text_dim.is_some_and(|d| d != text) || inputs.pooled_dim.is_some_and(|d| d != pooled)
+    {
+        bail!(
+            "{}: the text encoders give states of width {text} and a pooled vector of width \
+             {pooled}, the model takes {:?} and {:?} (model.context_dim, model.vec_in_dim)",
+            folder.display(),
+            inputs.text_dim,
+            inputs.pooled_dim
+        );
+    }
+    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let embeddings = encoder.encode(&prompts)?;
+    Ok((embeddings.text, embeddings.pooled))
+}
+
+/// Decode sampled `latents` with the VAE in `folder/vae` (unpacking 2×2-packed latents,
+/// undoing the latent normalisation) and write one PNG per sample beside `out`
+/// (`samples.safetensors` → `samples_0.png`, …). Returns the files written.
+fn decode_to_pngs(
+    folder: &Path,
+    latents: &Tensor,
+    out: &Path,
+    device: Device,
+) -> Result<Vec<PathBuf>> {
+    let vae = Autoencoder::load(&folder.join("vae"), device)?;
+    let vae_channels = vae.config().latent_channels;
+    let channels = latents.size()[1];
+    let z = if channels == 4 * vae_channels {
+        latents.pixel_shuffle(2)
+    } else if channels == vae_channels {
+        latents.shallow_clone()
+    } else {
+        bail!(
+            "{}: the VAE has {vae_channels} latent channels, the model's {channels} are neither \
+             that nor 4× that (2×2-packed)",
+            folder.join("vae").display()
+        );
+    };
+    let images = tch::no_grad(|| vae.decode(&vae.denormalize(&z)));
+    let stem = out.with_extension("");
+    let stem = stem.to_string_lossy();
+    (0..images.size()[0])
+        .map(|i| {
+            let path = PathBuf::from(format!("{stem}_{i}.png"));
+            write_png(&images, i, &path).map_err(|e| anyhow!(e))?;
+            Ok(path)
+        })
+        .collect()
 }
