@@ -236,7 +236,7 @@ pub fn ingest_http(
 }
 
 /// Write `failed_files.json` (or remove a stale one when nothing failed).
-fn write_failed(out_dir: &Path, failed: &[FailedFile]) -> Result<(), DataError> {
+pub fn write_failed(out_dir: &Path, failed: &[FailedFile]) -> Result<(), DataError> {
     let path = out_dir.join("failed_files.json");
     if failed.is_empty() {
         if path.exists() {
