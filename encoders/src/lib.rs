@@ -6,9 +6,13 @@
 //! (FLUX.1's `text_encoder/`) and [`T5Encoder`] T5's encoder (`text_encoder_2/`), both loaded from
 //! the files transformers saves; [`Autoencoder`] is FLUX.1's VAE (`vae/`), images ↔ latents;
 //! [`PromptEncoder`] runs a FLUX.1 folder's text side as diffusers' pipeline does, and
-//! [`write_png`] writes decoded images.
+//! [`write_png`] writes decoded images; [`encode_folder`] turns a folder of captioned images into
+//! the latent shards training reads.
 
+pub mod buckets;
+pub mod captions;
 pub mod clip;
+pub mod encode;
 pub mod png;
 pub mod prompt;
 pub mod t5;
@@ -16,7 +20,10 @@ pub mod tokenizer;
 pub mod vae;
 pub mod weights;
 
+pub use buckets::Bucket;
+pub use captions::Captions;
 pub use clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
+pub use encode::{check_buckets, encode_folder, EncodeOptions, EncodeSummary, Encoders};
 pub use png::write_png;
 pub use prompt::{PromptEmbeddings, PromptEncoder};
 pub use t5::{T5Config, T5Encoder};

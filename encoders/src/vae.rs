@@ -376,4 +376,9 @@ impl Autoencoder {
     pub fn kind(&self) -> Kind {
         self.vs.kind()
     }
+
+    /// Where the weights are.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
 }
