@@ -1,9 +1,10 @@
-//! `flux-hpc data`: ingest pre-encoded samples into HDF5 latent shards, and validate shards.
+//! `flux-hpc data`: ingest pre-encoded samples or encode images into HDF5 latent shards, and
+//! validate shards.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use flux_data::dataset::{validate, StorageDtype};
 use flux_data::ingest::{
@@ -11,7 +12,13 @@ use flux_data::ingest::{
     Progress, RetryPolicy,
 };
 use flux_data::VaeNorm;
+use flux_encoders::{
+    check_buckets, encode_folder, Autoencoder, Bucket, Captions, EncodeOptions, Encoders,
+    PromptEncoder,
+};
 use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::DeviceArgs;
 
 /// Arguments of `flux-hpc data`.
 #[derive(Debug, Args)]
@@ -38,6 +45,20 @@ enum DataCommand {
     /// Example: flux-hpc data ingest --url https://host/flux --manifest shards.txt \
     ///            --md5 md5sums.txt --out data/train
     Ingest(Box<IngestArgs>),
+    /// Encode a folder of images and captions into HDF5 latent shards with a FLUX.1 folder's VAE,
+    /// CLIP and T5.
+    ///
+    /// Images (JPEG, PNG, WebP, found recursively) go to the aspect-ratio bucket nearest their
+    /// own, are resized (bicubic) to cover it and center-cropped; captions come from a sidecar
+    /// `{stem}.txt` or from --captions (JSONL `{"file", "caption"}` lines or `file,caption` CSV).
+    /// Each bucket is written to its own shards `{W}x{H}_{N}.h5`, which training reads as
+    /// resolution buckets. Unreadable or too-small images are skipped and listed in
+    /// OUT/failed_files.json; OUT/empty_prompt.safetensors holds the empty caption's encodings.
+    /// Re-running resumes: shards already in OUT are skipped.
+    ///
+    /// Example: flux-hpc data encode --images photos/ --encoders FLUX.1-dev --out data/photos \
+    ///            --buckets 1024x1024,1152x896,896x1152 --text-len 512
+    Encode(Box<EncodeArgs>),
     /// Check shards' structure and every dataset's CRC-32; lists each problem with its file.
     ///
     /// Example: flux-hpc data validate data/train
@@ -46,6 +67,47 @@ enum DataCommand {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+}
+
+#[derive(Debug, Args)]
+struct EncodeArgs {
+    /// Folder of images.
+    #[arg(long)]
+    images: PathBuf,
+    /// Caption file (.jsonl or .csv); default: a `{stem}.txt` beside each image.
+    #[arg(long)]
+    captions: Option<PathBuf>,
+    /// A diffusers FLUX.1 folder: vae/, tokenizer/ + text_encoder/, tokenizer_2/ +
+    /// text_encoder_2/.
+    #[arg(long)]
+    encoders: PathBuf,
+    /// Output directory for the shards.
+    #[arg(long)]
+    out: PathBuf,
+    /// Resolution buckets, WIDTHxHEIGHT, comma-separated (sides multiples of the VAE's factor
+    /// × 2).
+    #[arg(long, value_delimiter = ',', default_value = "1024x1024")]
+    buckets: Vec<Bucket>,
+    /// T5 tokens per caption (FLUX.1 [dev]: 512, [schnell]: 256; the config's text_len).
+    #[arg(long, default_value_t = 512)]
+    text_len: usize,
+    /// Images whose shorter side is below this many pixels are skipped.
+    #[arg(long, default_value_t = 256)]
+    min_side: u32,
+    /// Images encoded together.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Samples per shard.
+    #[arg(long, default_value_t = 1024)]
+    samples_per_shard: usize,
+    /// Storage type of the shards.
+    #[arg(long, default_value = "bf16")]
+    dtype: StorageDtype,
+    /// Deflate level 1–9 (default: uncompressed).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=9))]
+    deflate: Option<u8>,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// How stored latents are normalised for training.
@@ -138,6 +200,7 @@ impl Progress for Bar {
 pub fn run(args: DataArgs) -> Result<()> {
     match args.command {
         DataCommand::Ingest(args) => ingest(*args),
+        DataCommand::Encode(args) => encode(*args),
         DataCommand::Validate { paths } => {
             let report = validate(&paths)?;
             for (path, samples) in &report.good {
@@ -214,6 +277,72 @@ fn ingest(args: IngestArgs) -> Result<()> {
     if !summary.failed.is_empty() {
         println!(
             "skipped {} file(s) after retries, listed in {}:",
+            summary.failed.len(),
+            args.out.join("failed_files.json").display()
+        );
+        for f in &summary.failed {
+            println!("  {}: {}", f.file, f.error);
+        }
+    }
+    Ok(())
+}
+
+fn encode(args: EncodeArgs) -> Result<()> {
+    let device = args.device.device.resolve(0)?;
+    let t5_kind = match device {
+        tch::Device::Cpu => tch::Kind::Float,
+        _ => tch::Kind::BFloat16,
+    };
+    let vae = Autoencoder::load(&args.encoders.join("vae"), device)?;
+    check_buckets(&args.buckets, (vae.downsampling() * 2) as u32).map_err(|e| anyhow!(e))?;
+    let prompts = PromptEncoder::load(&args.encoders, args.text_len, t5_kind, device)?;
+    let captions = match &args.captions {
+        Some(file) => Captions::read(file).map_err(|e| anyhow!(e))?,
+        None => Captions::Sidecar,
+    };
+    let folder = args.encoders.display().to_string();
+    let encoders = Encoders {
+        prompts: &prompts,
+        vae: &vae,
+        names: [
+            format!("{folder}/vae"),
+            format!("{folder}/text_encoder_2"),
+            format!("{folder}/text_encoder"),
+        ],
+    };
+    let options = EncodeOptions {
+        buckets: args.buckets,
+        samples_per_shard: args.samples_per_shard,
+        batch: args.batch,
+        min_side: args.min_side,
+        dtype: args.dtype,
+        deflate: args.deflate,
+    };
+    let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} shards {msg} [{elapsed} < {eta}]",
+    )?);
+    let summary = encode_folder(
+        &args.images,
+        &captions,
+        &args.out,
+        &encoders,
+        &options,
+        &Bar(bar),
+    )
+    .map_err(|e| anyhow!(e))?;
+    for (bucket, n) in &summary.per_bucket {
+        println!("bucket {bucket:<12} {n} image(s)");
+    }
+    println!(
+        "wrote {} shard(s) with {} samples to {}; {} already present",
+        summary.written,
+        summary.samples,
+        args.out.display(),
+        summary.skipped
+    );
+    if !summary.failed.is_empty() {
+        println!(
+            "skipped {} image(s), listed in {}:",
             summary.failed.len(),
             args.out.join("failed_files.json").display()
         );

@@ -1,0 +1,158 @@
+//! From pixels and prompts to pixels, end to end: tiny random CLIP, T5 and VAE
+//! (tests/fixtures/make_text_fixtures.py, make_vae_fixtures.py) in a FLUX.1-layout folder;
+//! `flux-hpc data encode` turns a folder of captioned images of three sizes and formats
+//! (make_images.py: PNG, JPEG in a sub-folder, WebP, CMYK JPEG, 16-bit PNG) into bucketed shards,
+//! skipping and listing a broken and a 1×1 image, and resumes; a tiny Flux (its text and pooled
+//! widths the encoders', its 64 input channels FLUX.1's 2×2-packed 16) trains on the shards under
+//! mpirun; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are not flat and differ
+//! by prompt; text encoders whose widths do not fit the model are refused naming both fields.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{flux_hpc, ok, python, temp_dir, train};
+
+/// A diffusers FLUX.1 folder of the tiny fixtures, linked into `dir`.
+fn flux_folder(dir: &Path) -> PathBuf {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data");
+    let folder = dir.join("flux");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (name, source) in [
+        ("tokenizer", "text/clip_files"),
+        ("tokenizer_2", "text/t5"),
+        ("text_encoder", "text/text_encoder"),
+        ("text_encoder_2", "text/text_encoder_2"),
+        ("vae", "vae/vae"),
+    ] {
+        std::os::unix::fs::symlink(fixtures.join(source), folder.join(name)).unwrap();
+    }
+    folder
+}
+
+/// The RGB pixels of a PNG and its size.
+fn pixels(path: &Path) -> (Vec<u8>, (u32, u32)) {
+    let image = image::open(path).unwrap().to_rgb8();
+    let size = image.dimensions();
+    (image.into_raw(), size)
+}
+
+/// The model shape that fits the tiny encoders.
+const SHAPE: [&str; 2] = ["model.in_channels=64", "model.vec_in_dim=32"];
+
+#[test]
+fn captioned_images_encode_train_and_sample_back_to_pngs() {
+    let dir = temp_dir("pixels");
+    let folder = flux_folder(&dir);
+    let (images, shards, run) = (dir.join("images"), dir.join("shards"), dir.join("run"));
+    ok(&python("make_images.py", &[images.as_os_str()]));
+    let encode = || {
+        let out = flux_hpc(&[
+            "data",
+            "encode",
+            "--images",
+            images.to_str().unwrap(),
+            "--encoders",
+            folder.to_str().unwrap(),
+            "--out",
+            shards.to_str().unwrap(),
+            "--buckets",
+            "32x32,48x32,32x48",
+            "--text-len",
+            "8",
+            "--min-side",
+            "16",
+            "--batch",
+            "3",
+            "--samples-per-shard",
+            "4",
+            "--device",
+            "cpu",
+        ]);
+        ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = encode();
+    for line in [
+        "bucket 32x32        7 image(s)",
+        "bucket 48x32        4 image(s)",
+        "bucket 32x48        1 image(s)",
+        "wrote 4 shard(s) with 12 samples",
+    ] {
+        assert!(first.contains(line), "{line}: {first}");
+    }
+    let failed = std::fs::read_to_string(shards.join("failed_files.json")).unwrap();
+    assert!(
+        failed.contains("broken.png") && failed.contains("unreadable image"),
+        "{failed}"
+    );
+    assert!(
+        failed.contains("tiny.png") && failed.contains("1×1 is smaller"),
+        "{failed}"
+    );
+    assert!(
+        encode().contains("wrote 0 shard(s) with 0 samples"),
+        "a rerun resumes"
+    );
+    ok(&flux_hpc(&["data", "validate", shards.to_str().unwrap()]));
+
+    let paths = format!("data.paths=[\"{}\"]", shards.display());
+    let steps = [
+        "data.source=\"hdf5\"",
+        &paths,
+        "training.global_batch_size=4",
+        "training.micro_batch_size=2",
+        "training.total_steps=4",
+        "training.eval_samples=4",
+    ];
+    ok(&train(Some(2), &run, &[&SHAPE[..], &steps].concat()));
+
+    let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
+    let with_shape: Vec<&str> = SHAPE.iter().flat_map(|s| ["--set", *s]).collect();
+    let mut args = vec![
+        "sample",
+        common::FLUX_TINY,
+        "--device",
+        "cpu",
+        "--steps",
+        "4",
+    ];
+    args.extend(["--encoders", folder.to_str().unwrap()]);
+    args.extend([
+        "--prompt",
+        "a photo of a cat",
+        "--prompt",
+        "🐱 an emoji cat",
+    ]);
+    args.extend(["--set", &dir_arg]);
+    args.extend(&with_shape);
+    ok(&flux_hpc(&args));
+    let (a, size_a) = pixels(&run.join("samples_0.png"));
+    let (b, size_b) = pixels(&run.join("samples_1.png"));
+    // 8×8 model latents = 16×16 VAE latents (2×2 packing) = 64×64 pixels (VAE factor 4).
+    assert_eq!((size_a, size_b), ((64, 64), (64, 64)));
+    let spread = |p: &[u8]| p.iter().max().unwrap() - p.iter().min().unwrap();
+    assert!(spread(&a) > 32 && spread(&b) > 32, "flat images");
+    assert_ne!(a, b, "two prompts gave the same image");
+
+    // The tiny T5 is 32 wide; a model taking 48-wide text states cannot use it.
+    let mut args = vec![
+        "sample",
+        common::FLUX_TINY,
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+    ];
+    args.extend(["--encoders", folder.to_str().unwrap(), "--prompt", "x"]);
+    args.extend(["--set", &dir_arg, "--set", "model.context_dim=48"]);
+    args.extend(&with_shape);
+    let out = flux_hpc(&args);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("states of width 32") && stderr.contains("model.context_dim"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
