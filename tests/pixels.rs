@@ -4,7 +4,8 @@
 //! (make_images.py: PNG, JPEG in a sub-folder, WebP, CMYK JPEG, 16-bit PNG) into bucketed shards,
 //! skipping and listing a broken and a 1×1 image, and resumes; a tiny Flux (its text and pooled
 //! widths the encoders', its 64 input channels FLUX.1's 2×2-packed 16) trains on the shards under
-//! mpirun; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are not flat and differ
+//! mpirun, dropped captions (`cfg_dropout_prob`) taking the stored empty caption's encodings,
+//! which must fit the shards; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are not flat and differ
 //! by prompt; text encoders whose widths do not fit the model are refused naming both fields.
 
 mod common;
@@ -104,6 +105,7 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
         "training.micro_batch_size=2",
         "training.total_steps=4",
         "training.eval_samples=4",
+        "training.cfg_dropout_prob=0.3",
     ];
     ok(&train(Some(2), &run, &[&SHAPE[..], &steps].concat()));
 
@@ -152,6 +154,23 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("states of width 32") && stderr.contains("model.context_dim"),
+        "{stderr}"
+    );
+
+    // Dropped captions become the stored empty caption's encodings, which must fit the shards.
+    let wrong = [(
+        "t5".to_string(),
+        tch::Tensor::zeros([4, 32], tch::kind::FLOAT_CPU),
+    )];
+    tch::Tensor::write_safetensors(&wrong, shards.join("empty_prompt.safetensors")).unwrap();
+    let out = train(None, &dir.join("refused"), &[&SHAPE[..], &steps].concat());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.paths")
+            && stderr.contains(
+                "empty_prompt.safetensors: `t5` has shape [4, 32], the shards' is [8, 32]"
+            ),
         "{stderr}"
     );
     std::fs::remove_dir_all(dir).unwrap();

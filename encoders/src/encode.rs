@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use flux_data::dataset::{Sample, ShardLayout, ShardWriter, StorageDtype};
+use flux_data::dataset::{Sample, ShardLayout, ShardWriter, StorageDtype, EMPTY_PROMPT};
 use flux_data::ingest::{write_failed, FailedFile, Progress};
 use flux_data::VaeNorm;
 use image::RgbImage;
@@ -211,7 +211,7 @@ pub fn encode_folder(
     progress.finish();
     let empty = encoders.prompts.encode(&[""]).map_err(|e| e.to_string())?;
     flux_data::convert::write_tensors(
-        &out_dir.join("empty_prompt.safetensors"),
+        &out_dir.join(EMPTY_PROMPT),
         &[
             ("t5".to_string(), empty.text.get(0)),
             ("clip".to_string(), empty.pooled.get(0)),

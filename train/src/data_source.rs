@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use flux_data::dataset::EMPTY_PROMPT;
 use flux_data::dataset::{
     latent_samples, BatchPlan, DataPosition, LatentDataset, LatentDraw, Prefetcher, SampleOrder,
     ShardLayout,
 };
 use flux_data::{DataError, LatentSamples, SyntheticLatents, SyntheticShape};
 use flux_model::{ConfigError, InputSpec};
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::sections::DataSourceKind;
 use crate::RunConfig;
@@ -49,6 +50,47 @@ pub struct Hdf5Data {
     eval: LatentDataset,
     /// The running prefetcher and the counters of the micro-batch it delivers next.
     reading: Option<(Prefetcher, Vec<u64>)>,
+    /// The empty caption's encodings (`empty_prompt.safetensors` beside the shards): T5 states
+    /// `[L, D]` and the pooled vector `[D_pooled]`.
+    empty_prompt: Option<(Tensor, Tensor)>,
+}
+
+/// The empty caption's encodings stored by `flux-hpc data encode` in the first directory of
+/// `paths` that has them (`empty_prompt.safetensors`: `t5` `[L, D]`, `clip` `[D_pooled]`),
+/// checked against the shards' shapes; `None` when no directory has them.
+fn empty_prompt(
+    paths: &[PathBuf],
+    text: [usize; 2],
+    pooled: usize,
+) -> Result<Option<(Tensor, Tensor)>, ConfigError> {
+    let Some(file) = paths
+        .iter()
+        .map(|p| p.join(EMPTY_PROMPT))
+        .find(|f| f.exists())
+    else {
+        return Ok(None);
+    };
+    let refuse = |why: String| ConfigError::new("data.paths", format!("{}: {why}", file.display()));
+    let tensors: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&file)
+        .map_err(|e| refuse(e.to_string()))?
+        .into_iter()
+        .collect();
+    let take = |name: &str, shape: Vec<i64>| {
+        let t = tensors
+            .get(name)
+            .ok_or_else(|| refuse(format!("has no `{name}`")))?;
+        if t.size() != shape {
+            return Err(refuse(format!(
+                "`{name}` has shape {:?}, the shards' is {shape:?}",
+                t.size()
+            )));
+        }
+        Ok(t.to_kind(tch::Kind::Float))
+    };
+    Ok(Some((
+        take("t5", text.iter().map(|&v| v as i64).collect())?,
+        take("clip", vec![pooled as i64])?,
+    )))
 }
 
 /// A run's source of clean samples.
@@ -202,6 +244,7 @@ impl DataSource {
             _ => {}
         }
         Ok(Self::Hdf5(Box::new(Hdf5Data {
+            empty_prompt: empty_prompt(&d.paths, layout.text, layout.pooled)?,
             paths: d.paths.clone(),
             order,
             seed: t.seed,
@@ -210,6 +253,15 @@ impl DataSource {
             eval,
             reading: None,
         })))
+    }
+
+    /// The empty caption's encodings (T5 states `[L, D]`, pooled `[D_pooled]`) that classifier-
+    /// free-guidance dropout swaps in, when the data has them (`None`: zeros are used).
+    pub fn empty_prompt(&self) -> Option<&(Tensor, Tensor)> {
+        match self {
+            Self::Synthetic(_) => None,
+            Self::Hdf5(h) => h.empty_prompt.as_ref(),
+        }
     }
 
     /// Samples per epoch (`None`: unbounded).

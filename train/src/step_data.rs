@@ -44,17 +44,27 @@ pub enum NoiseLevels<'a> {
     Equidistant,
 }
 
+/// Classifier-free-guidance dropout of the text conditioning.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CfgDropout<'a> {
+    /// Probability that a sample's caption is dropped (keyed by its id).
+    pub prob: f64,
+    /// What a dropped caption's text states `[L, D]` and pooled vector `[D_pooled]` become: the
+    /// empty caption's encodings (MLPerf's and Primus' rule), or zeros when `None`.
+    pub empty: Option<&'a (Tensor, Tensor)>,
+}
+
 /// Build the inputs `inputs` declares for clean `samples` keyed by `ids` (global sample
 /// counters): the text states and pooled vector when the model takes them, the default guidance
-/// when it embeds guidance. `cfg_dropout` replaces a sample's text and pooled vector by zeros
-/// with that probability.
+/// when it embeds guidance. `dropout` replaces a sample's text and pooled vector by the empty
+/// caption's (or zeros) with its probability.
 pub fn step_data(
     samples: LatentSamples,
     inputs: &InputSpec,
     ids: &[u64],
     seed: u64,
     levels: NoiseLevels,
-    cfg_dropout: f64,
+    dropout: CfgDropout,
     device: Device,
 ) -> StepData {
     let x0 = samples.latents;
@@ -67,7 +77,7 @@ pub fn step_data(
         u.push(rng.uniform() as f32);
         z.push(rng.normal() as f32);
         keep.push(
-            if KeyedRng::new(seed, id, DROPOUT_STREAM).uniform() < cfg_dropout {
+            if KeyedRng::new(seed, id, DROPOUT_STREAM).uniform() < dropout.prob {
                 0f32
             } else {
                 1.0
@@ -101,12 +111,23 @@ pub fn step_data(
     .to_device(device);
     let keep = Tensor::from_slice(&keep).to_device(device);
     let b = ids.len() as i64;
-    let dropped = |t: &Tensor| t * per_sample(&keep, t);
+    // keep · caption + (1 − keep) · empty caption (zeros without one).
+    let dropped = |t: &Tensor, empty: Option<&Tensor>| {
+        let kept = t * per_sample(&keep, t);
+        match empty {
+            Some(e) => kept + e.to_device(device) * (1.0 - per_sample(&keep, t)),
+            None => kept,
+        }
+    };
     let batch = DiffusionBatch {
         latents: apply_flow_matching_noise(&x0, &noise, &sigmas),
         timesteps: sigmas.shallow_clone(),
-        text: inputs.text_dim.map(|_| dropped(&samples.txt)),
-        pooled: inputs.pooled_dim.map(|_| dropped(&samples.y)),
+        text: inputs
+            .text_dim
+            .map(|_| dropped(&samples.txt, dropout.empty.map(|e| &e.0))),
+        pooled: inputs
+            .pooled_dim
+            .map(|_| dropped(&samples.y, dropout.empty.map(|e| &e.1))),
         guidance: inputs
             .guidance
             .map(|g| Tensor::full([b], g, (Kind::Float, device))),
@@ -117,5 +138,75 @@ pub fn step_data(
         noise,
         sigmas,
         mask: samples.mask,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(b: i64) -> LatentSamples {
+        LatentSamples {
+            latents: Tensor::ones([b, 4, 2, 2], (Kind::Float, Device::Cpu)),
+            txt: Tensor::ones([b, 3, 5], (Kind::Float, Device::Cpu)),
+            y: Tensor::ones([b, 6], (Kind::Float, Device::Cpu)),
+            mask: None,
+        }
+    }
+
+    fn inputs() -> InputSpec {
+        InputSpec {
+            latent_channels: 4,
+            patch_size: 1,
+            text_dim: Some(5),
+            pooled_dim: Some(6),
+            guidance: None,
+        }
+    }
+
+    #[test]
+    fn dropped_captions_become_the_empty_captions_encodings_or_zeros() {
+        let empty = (
+            Tensor::full([3, 5], 7.0, (Kind::Float, Device::Cpu)),
+            Tensor::full([6], -2.0, (Kind::Float, Device::Cpu)),
+        );
+        let ids: Vec<u64> = (0..64).collect();
+        let d = |prob, empty| {
+            let dropout = CfgDropout { prob, empty };
+            step_data(
+                samples(64),
+                &inputs(),
+                &ids,
+                0,
+                NoiseLevels::Equidistant,
+                dropout,
+                Device::Cpu,
+            )
+        };
+        let with = d(0.5, Some(&empty));
+        let (text, pooled) = (with.batch.text.unwrap(), with.batch.pooled.unwrap());
+        let (mut kept, mut dropped) = (0, 0);
+        for i in 0..64 {
+            let (t, p) = (text.get(i), pooled.get(i));
+            if t.equal(&Tensor::ones([3, 5], (Kind::Float, Device::Cpu))) {
+                assert!(p.equal(&Tensor::ones([6], (Kind::Float, Device::Cpu))));
+                kept += 1;
+            } else {
+                assert!(t.equal(&empty.0) && p.equal(&empty.1), "sample {i}");
+                dropped += 1;
+            }
+        }
+        assert!(kept > 10 && dropped > 10, "{kept} kept, {dropped} dropped");
+        // Without stored encodings the same samples drop to zeros.
+        let zeros = d(0.5, None).batch.text.unwrap();
+        for i in 0..64 {
+            let was_dropped = !text
+                .get(i)
+                .equal(&Tensor::ones([3, 5], (Kind::Float, Device::Cpu)));
+            assert_eq!(
+                was_dropped,
+                zeros.get(i).abs().sum(Kind::Float).double_value(&[]) == 0.0
+            );
+        }
     }
 }

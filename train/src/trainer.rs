@@ -24,7 +24,7 @@ use crate::resume::check_architecture;
 use crate::run_config::Sharding;
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
-use crate::step_data::{step_data, NoiseLevels, StepData};
+use crate::step_data::{step_data, CfgDropout, NoiseLevels, StepData};
 use crate::{RunConfig, EVAL_BASE};
 
 /// What one optimizer step measured.
@@ -308,7 +308,10 @@ impl<'a> Trainer<'a> {
                 &counters,
                 t.seed,
                 levels,
-                t.cfg_dropout_prob,
+                CfgDropout {
+                    prob: t.cfg_dropout_prob,
+                    empty: self.data.empty_prompt(),
+                },
                 self.device,
             );
             // Each micro-batch's share of the global mean, so that the sum over micro-batches and
@@ -404,7 +407,7 @@ impl<'a> Trainer<'a> {
                     &keys,
                     t.seed,
                     NoiseLevels::Equidistant,
-                    0.0,
+                    CfgDropout::default(),
                     self.device,
                 );
                 total += self

@@ -28,6 +28,10 @@ pub const IDS: &str = "ids";
 /// Captions, `[N]` UTF-8 strings (optional).
 pub const CAPTIONS: &str = "captions";
 
+/// The file beside a dataset's shards holding the empty caption's encodings (`t5` `[L, D]`,
+/// `clip` `[D_pooled]`), which classifier-free-guidance dropout swaps in.
+pub const EMPTY_PROMPT: &str = "empty_prompt.safetensors";
+
 /// The per-sample layout of a dataset's shards.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardLayout {

@@ -17,7 +17,9 @@ mod values;
 mod writer;
 
 pub use batch::{latent_samples, LatentDraw};
-pub use layout::{ShardLayout, CAPTIONS, CLIP, FORMAT_VERSION, IDS, LATENTS, LATENTS_LOGVAR, T5};
+pub use layout::{
+    ShardLayout, CAPTIONS, CLIP, EMPTY_PROMPT, FORMAT_VERSION, IDS, LATENTS, LATENTS_LOGVAR, T5,
+};
 pub use order::{BatchPlan, DataPosition, SampleOrder};
 pub use prefetch::{Fetched, Prefetcher};
 pub use reader::{shard_files, LatentDataset};
