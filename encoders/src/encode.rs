@@ -236,6 +236,7 @@ fn encode_shard(
     let mut writer: Option<ShardWriter> = None;
     let mut written = 0;
     for batch in chunk.chunks(options.batch.max(1)) {
+        let started = std::time::Instant::now();
         let mut images = Vec::new();
         let mut kept = Vec::new();
         for (path, relative) in batch {
@@ -252,15 +253,24 @@ fn encode_shard(
         if images.is_empty() {
             continue;
         }
+        let read = started.elapsed().as_secs_f64();
         let texts: Vec<String> = kept.iter().map(|(p, r)| captions.of(p, r)).collect();
         let prompts: Vec<&str> = texts.iter().map(String::as_str).collect();
         let vae = encoders.vae;
         let images_t = pixels(&images).to_device(vae.device());
         let posterior = tch::no_grad(|| vae.encode(&images_t.to_kind(vae.kind())));
+        let encoded = started.elapsed().as_secs_f64();
         let text = encoders
             .prompts
             .encode(&prompts)
             .map_err(|e| e.to_string())?;
+        tracing::debug!(
+            images = kept.len(),
+            read_s = read,
+            vae_s = encoded - read,
+            text_s = started.elapsed().as_secs_f64() - encoded,
+            "encoded a batch"
+        );
         let (means, logvars) = (rows(&posterior.mean), rows(&posterior.logvar));
         let (t5, clip) = (rows(&text.text), rows(&text.pooled));
         if writer.is_none() {
