@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use flux_cluster::Placement;
 use flux_data::dataset::{validate, StorageDtype};
 use flux_data::ingest::{
     ingest_dir, ingest_http, ingest_tars, HttpSource, IngestOptions, IngestSummary, LayoutChoice,
@@ -288,6 +289,8 @@ fn ingest(args: IngestArgs) -> Result<()> {
 }
 
 fn encode(args: EncodeArgs) -> Result<()> {
+    // One intra-op thread per core this process may use, as training does.
+    tch::set_num_threads(Placement::from_env()?.threads() as i32);
     let device = args.device.device.resolve(0)?;
     let t5_kind = match device {
         tch::Device::Cpu => tch::Kind::Float,

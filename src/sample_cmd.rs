@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use flux_cluster::Placement;
 use flux_data::convert::SafetensorsReader;
 use flux_data::KeyedRng;
 use flux_data::LatentSamples;
@@ -72,6 +73,8 @@ pub struct SampleArgs {
 /// Sample, compare with the synthetic data's clean latents, and save both.
 pub fn run(args: SampleArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
+    // One intra-op thread per core this process may use, as training does.
+    tch::set_num_threads(Placement::from_env()?.threads() as i32);
     let device = args.device.device.resolve(0)?;
     let inputs = run.model.inputs();
     let t = &run.training;
