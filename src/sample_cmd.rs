@@ -10,7 +10,8 @@ use flux_cluster::Placement;
 use flux_data::convert::SafetensorsReader;
 use flux_data::KeyedRng;
 use flux_data::LatentSamples;
-use flux_encoders::{write_png, Autoencoder, PromptEncoder};
+use flux_encoders::weights::read_config;
+use flux_encoders::{write_png, Autoencoder, AutoencoderConfig, PromptEncoder};
 use flux_model::tp::TpContext;
 use flux_model::DiffusionBatch;
 use flux_train::sampling::guided_velocity;
@@ -53,6 +54,17 @@ pub struct SampleArgs {
     /// With --prompt: write the latents only, no decoding to PNG.
     #[arg(long)]
     latents_only: bool,
+    /// With --prompt and --cfg-scale: what the unconditional pass is conditioned on instead of
+    /// zeros.
+    #[arg(long, requires = "prompts", requires = "cfg_scale")]
+    negative_prompt: Option<String>,
+    /// With --prompt: image width in pixels (default: the config's latent_width; a multiple of
+    /// the VAE's downsampling × 2 for FLUX.1's packing).
+    #[arg(long, requires = "prompts")]
+    width: Option<i64>,
+    /// With --prompt: image height in pixels (default: the config's latent_height, as --width).
+    #[arg(long, requires = "prompts")]
+    height: Option<i64>,
     /// ODE steps (FLUX.1's schedule with resolution-dependent shift).
     #[arg(long, default_value_t = 28)]
     steps: usize,
@@ -77,17 +89,20 @@ pub fn run(args: SampleArgs) -> Result<()> {
     tch::set_num_threads(Placement::from_env()?.threads() as i32);
     let device = args.device.device.resolve(0)?;
     let inputs = run.model.inputs();
-    let t = &run.training;
     let dir = &run.checkpoint.dir;
     let default = match args.ema {
         true => "final_ema.safetensors",
         false => "final.safetensors",
     };
-    let weights = args.weights.unwrap_or_else(|| dir.join(default));
+    let weights = args.weights.clone().unwrap_or_else(|| dir.join(default));
     // Prompts are encoded (and the encoders freed) before the transformer is loaded.
     let prompted = match &args.encoders {
         Some(folder) if !args.prompts.is_empty() => {
-            Some(encode_prompts(folder, &args.prompts, &run, device)?)
+            let mut prompts = args.prompts.clone();
+            prompts.extend(args.negative_prompt.clone());
+            let (txt, y) = encode_prompts(folder, &prompts, &run, device)?;
+            let grid = latent_grid(folder, &args, &run)?;
+            Some((txt, y, grid))
         }
         _ => None,
     };
@@ -105,22 +120,27 @@ pub fn run(args: SampleArgs) -> Result<()> {
         .load_logical(&tensors)
         .with_context(|| format!("{} does not fit this config", weights.display()))?;
 
-    let cond = match prompted {
-        Some((txt, y)) => {
-            let b = txt.size()[0];
-            let shape = [b, inputs.latent_channels, t.latent_height, t.latent_width];
-            let latents = Tensor::zeros(shape, (Kind::Float, device));
-            LatentSamples {
-                latents,
-                txt,
-                y,
+    // The prompts' conditioning and the negative prompt's (the last row, when given).
+    let (cond, negative) = match prompted {
+        Some((txt, y, (h, w))) => {
+            let b = args.prompts.len() as i64;
+            let shape = [b, inputs.latent_channels, h, w];
+            let negative = args.negative_prompt.as_ref().map(|_| {
+                let last = |t: &Tensor| t.narrow(0, b, 1).expand_as(&t.narrow(0, 0, b));
+                (last(&txt), last(&y))
+            });
+            let samples = LatentSamples {
+                latents: Tensor::zeros(shape, (Kind::Float, device)),
+                txt: txt.narrow(0, 0, b),
+                y: y.narrow(0, 0, b),
                 mask: None,
-            }
+            };
+            (samples, negative)
         }
         None => {
             let data = synthetic_data(&run);
             let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + args.count).collect();
-            data.batch(&ids, device)
+            (data.batch(&ids, device), None)
         }
     };
     let b = cond.latents.size()[0];
@@ -137,8 +157,10 @@ pub fn run(args: SampleArgs) -> Result<()> {
         pooled: inputs.pooled_dim.map(|_| y.shallow_clone()),
         guidance: inputs.guidance.map(guidance),
     };
-    let (empty_txt, empty_y) = (cond.txt.zeros_like(), cond.y.zeros_like());
-    let image_tokens = inputs.image_tokens(t.latent_height, t.latent_width);
+    let (empty_txt, empty_y) =
+        negative.unwrap_or_else(|| (cond.txt.zeros_like(), cond.y.zeros_like()));
+    let size = cond.latents.size();
+    let image_tokens = inputs.image_tokens(size[2], size[3]);
     let schedule =
         FlowMatchEulerDiscreteScheduler::flux().flux_schedule(args.steps, image_tokens as f64);
 
@@ -227,6 +249,30 @@ fn encode_prompts(
     let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let embeddings = encoder.encode(&prompts)?;
     Ok((embeddings.text, embeddings.pooled))
+}
+
+/// The model's latent grid `(height, width)` for --height / --width in pixels (each defaults
+/// to the config's latent size), through the VAE in `folder/vae`: pixels / its downsampling /
+/// 2 for 2×2-packed latents. Fails naming the flag whose value does not divide.
+fn latent_grid(folder: &Path, args: &SampleArgs, run: &RunConfig) -> Result<(i64, i64)> {
+    let vae: AutoencoderConfig = read_config(&folder.join("vae"))?;
+    let packed = run.model.inputs().latent_channels == 4 * vae.latent_channels;
+    let factor = vae.downsampling() * if packed { 2 } else { 1 };
+    let side = |flag: &str, pixels: Option<i64>, default: i64| match pixels {
+        None => Ok(default),
+        Some(p) if p > 0 && p % factor == 0 => Ok(p / factor),
+        Some(p) => Err(anyhow!(
+            "--{flag} {p} is not a positive multiple of {factor} pixels (the VAE's downsampling \
+             {}{})",
+            vae.downsampling(),
+            if packed { " × 2×2 packing" } else { "" }
+        )),
+    };
+    let t = &run.training;
+    Ok((
+        side("height", args.height, t.latent_height)?,
+        side("width", args.width, t.latent_width)?,
+    ))
 }
 
 /// Decode sampled `latents` with the VAE in `folder/vae` (unpacking 2×2-packed latents,

@@ -5,8 +5,10 @@
 //! skipping and listing a broken and a 1×1 image, and resumes; a tiny Flux (its text and pooled
 //! widths the encoders', its 64 input channels FLUX.1's 2×2-packed 16) trains on the shards under
 //! mpirun, dropped captions (`cfg_dropout_prob`) taking the stored empty caption's encodings,
-//! which must fit the shards; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are not flat and differ
-//! by prompt; text encoders whose widths do not fit the model are refused naming both fields.
+//! which must fit the shards; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are
+//! not flat and differ by prompt, and of another `--width` × `--height` with a
+//! `--negative-prompt` (a size the VAE and packing do not divide is refused); text encoders whose
+//! widths do not fit the model are refused naming both fields.
 
 mod common;
 
@@ -136,6 +138,47 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     let spread = |p: &[u8]| p.iter().max().unwrap() - p.iter().min().unwrap();
     assert!(spread(&a) > 32 && spread(&b) > 32, "flat images");
     assert_ne!(a, b, "two prompts gave the same image");
+
+    // Another size, with a negative prompt for the unconditional pass of two-pass guidance.
+    let out = dir.join("wide.safetensors");
+    let mut args = vec![
+        "sample",
+        common::FLUX_TINY,
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+    ];
+    args.extend([
+        "--encoders",
+        folder.to_str().unwrap(),
+        "--prompt",
+        "a wide river",
+    ]);
+    args.extend(["--negative-prompt", "blurry", "--cfg-scale", "2.0"]);
+    args.extend([
+        "--width",
+        "96",
+        "--height",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    args.extend(["--set", &dir_arg]);
+    args.extend(&with_shape);
+    ok(&flux_hpc(&args));
+    assert_eq!(pixels(&dir.join("wide_0.png")).1, (96, 64));
+    let bad = args
+        .iter()
+        .map(|a| if *a == "96" { "100" } else { a })
+        .collect::<Vec<_>>();
+    let refused = flux_hpc(&bad);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--width 100 is not a positive multiple of 8 pixels"),
+        "{stderr}"
+    );
 
     // The tiny T5 is 32 wide; a model taking 48-wide text states cannot use it.
     let mut args = vec![

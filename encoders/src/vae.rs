@@ -50,6 +50,13 @@ pub struct AutoencoderConfig {
     pub act_fn: String,
 }
 
+impl AutoencoderConfig {
+    /// The factor between image and latent sides: 2 per down block after the first.
+    pub fn downsampling(&self) -> i64 {
+        1 << self.block_out_channels.len().saturating_sub(1)
+    }
+}
+
 fn default_groups() -> i64 {
     32
 }
@@ -359,7 +366,7 @@ impl Autoencoder {
 
     /// The factor between image and latent sides.
     pub fn downsampling(&self) -> i64 {
-        1 << (self.config.block_out_channels.len() - 1)
+        self.config.downsampling()
     }
 
     /// `scale · (z − shift)`: a latent as the transformer sees it.
