@@ -7,6 +7,8 @@ use std::os::raw::c_char;
 use tch::Tensor;
 use torch_sys::C_tensor;
 
+use crate::sections::OptimizationConfig;
+
 extern "C" {
     fn flux_fused_adamw(
         params: *const *const C_tensor,
@@ -37,6 +39,20 @@ pub(crate) struct Hyper {
     pub weight_decay: f64,
     /// Added to the denominator.
     pub eps: f64,
+}
+
+impl Hyper {
+    /// The hyper-parameters `config` sets at learning rate `lr`, with weight decay only for
+    /// parameters that `decay` (weights, not biases or norm scales).
+    pub(crate) fn adamw(config: &OptimizationConfig, lr: f64, decay: bool) -> Self {
+        Self {
+            lr,
+            beta1: config.beta1,
+            beta2: config.beta2,
+            weight_decay: if decay { config.weight_decay } else { 0.0 },
+            eps: config.epsilon,
+        }
+    }
 }
 
 /// Update every `params[i]` (f32) in place from `grads[i]` (f32, same shape and device) and its

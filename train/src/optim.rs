@@ -154,13 +154,7 @@ impl AdamW {
                     .collect();
                 let step = Tensor::from(self.step as f32).to_device(first.master.device());
                 let take = |f: fn(&Slot) -> &Tensor| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
-                let hyper = Hyper {
-                    lr,
-                    beta1: c.beta1,
-                    beta2: c.beta2,
-                    weight_decay: if decay { c.weight_decay } else { 0.0 },
-                    eps: c.epsilon,
-                };
+                let hyper = Hyper::adamw(c, lr, decay);
                 fused_adamw(
                     &take(|s| &s.master),
                     &grads,

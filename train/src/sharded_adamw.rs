@@ -351,13 +351,7 @@ impl DpOptimizer for ShardedAdamW<'_> {
                     .iter()
                     .map(|s| Self::state_part(&self.exp_avg_sq, s))
                     .collect();
-                let hyper = Hyper {
-                    lr,
-                    beta1: c.beta1,
-                    beta2: c.beta2,
-                    weight_decay: if decay { c.weight_decay } else { 0.0 },
-                    eps: c.epsilon,
-                };
+                let hyper = Hyper::adamw(c, lr, decay);
                 fused_adamw(&refs(&masters), &grads, &refs(&m), &refs(&v), &step, hyper);
             }
             let masters = self.masters();
