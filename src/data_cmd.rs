@@ -1,7 +1,7 @@
 //! `flux-hpc data`: ingest pre-encoded samples or encode images into HDF5 latent shards, and
 //! validate shards.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -9,8 +9,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use flux_cluster::Placement;
 use flux_data::dataset::{validate, StorageDtype};
 use flux_data::ingest::{
-    ingest_dir, ingest_http, ingest_tars, HttpSource, IngestOptions, IngestSummary, LayoutChoice,
-    Progress, RetryPolicy,
+    ingest_dir, ingest_http, ingest_tars, FailedFile, HttpSource, IngestOptions, IngestSummary,
+    LayoutChoice, Progress, RetryPolicy,
 };
 use flux_data::VaeNorm;
 use flux_encoders::{
@@ -268,24 +268,32 @@ fn ingest(args: IngestArgs) -> Result<()> {
     } else {
         bail!("name a source: --tar FILES, --dir DIR or --url BASE (see --help)");
     };
-    println!(
-        "wrote {} shard(s) with {} samples to {}; {} already present",
-        summary.written,
-        summary.samples,
-        args.out.display(),
-        summary.skipped
+    report(
+        &args.out,
+        [summary.written, summary.samples, summary.skipped],
+        &summary.failed,
+        "file(s) after retries",
     );
-    if !summary.failed.is_empty() {
+    Ok(())
+}
+
+/// Print what an ingest or encode run into `out` did: `[written, samples, skipped]` shards and
+/// samples, and each input skipped (`what` names them) with its reason.
+fn report(out: &Path, [written, samples, skipped]: [u64; 3], failed: &[FailedFile], what: &str) {
+    println!(
+        "wrote {written} shard(s) with {samples} samples to {}; {skipped} already present",
+        out.display()
+    );
+    if !failed.is_empty() {
         println!(
-            "skipped {} file(s) after retries, listed in {}:",
-            summary.failed.len(),
-            args.out.join("failed_files.json").display()
+            "skipped {} {what}, listed in {}:",
+            failed.len(),
+            out.join("failed_files.json").display()
         );
-        for f in &summary.failed {
+        for f in failed {
             println!("  {}: {}", f.file, f.error);
         }
     }
-    Ok(())
 }
 
 fn encode(args: EncodeArgs) -> Result<()> {
@@ -336,22 +344,11 @@ fn encode(args: EncodeArgs) -> Result<()> {
     for (bucket, n) in &summary.per_bucket {
         println!("bucket {bucket:<12} {n} image(s)");
     }
-    println!(
-        "wrote {} shard(s) with {} samples to {}; {} already present",
-        summary.written,
-        summary.samples,
-        args.out.display(),
-        summary.skipped
+    report(
+        &args.out,
+        [summary.written, summary.samples, summary.skipped],
+        &summary.failed,
+        "image(s)",
     );
-    if !summary.failed.is_empty() {
-        println!(
-            "skipped {} image(s), listed in {}:",
-            summary.failed.len(),
-            args.out.join("failed_files.json").display()
-        );
-        for f in &summary.failed {
-            println!("  {}: {}", f.file, f.error);
-        }
-    }
     Ok(())
 }
