@@ -61,6 +61,17 @@ fn model_with_adapters(
     (config, model, adapters)
 }
 
+/// The FLUX.1 inputs diffusers' forward script saved in `io`, as flux-hpc's batch.
+fn flux1_batch(io: &HashMap<String, Tensor>) -> DiffusionBatch {
+    DiffusionBatch {
+        latents: io["img"].shallow_clone(),
+        timesteps: io["timesteps"].shallow_clone(),
+        text: Some(io["txt"].shallow_clone()),
+        pooled: Some(io["y"].shallow_clone()),
+        guidance: io.get("guidance").map(Tensor::shallow_clone),
+    }
+}
+
 /// Assert that `ours` is diffusers' output with the adapter (`out`) to the tolerance, and that
 /// the adapter moved diffusers' output (`out_base`) by far more than that.
 fn assert_same_adapted_output(label: &str, ours: &Tensor, theirs: &HashMap<String, Tensor>) {
@@ -111,13 +122,7 @@ fn trained_adapters_give_flux_hpcs_forward_in_diffusers_through_its_lora_loader(
 
     // flux-hpc: the base checkpoint, the adapters of the LoRA run's last checkpoint.
     let (config, model, _adapters) = model_with_adapters(&saved, &base);
-    let batch = DiffusionBatch {
-        latents: io["img"].shallow_clone(),
-        timesteps: io["timesteps"].shallow_clone(),
-        text: Some(io["txt"].shallow_clone()),
-        pooled: Some(io["y"].shallow_clone()),
-        guidance: io.get("guidance").map(Tensor::shallow_clone),
-    };
+    let batch = flux1_batch(&io);
     let out = tch::no_grad(|| model.forward(&batch, false)).unwrap();
     assert_same_adapted_output("FLUX.1", &out, &io);
     let max_abs = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
@@ -187,13 +192,7 @@ fn peft_adapters_merge_exactly_and_a_run_continues_a_files_adapters() {
         .into_iter()
         .collect();
     plain.store_mut().load_logical(&merged).unwrap();
-    let batch = DiffusionBatch {
-        latents: io["img"].shallow_clone(),
-        timesteps: io["timesteps"].shallow_clone(),
-        text: Some(io["txt"].shallow_clone()),
-        pooled: Some(io["y"].shallow_clone()),
-        guidance: io.get("guidance").map(Tensor::shallow_clone),
-    };
+    let batch = flux1_batch(&io);
     let out = tch::no_grad(|| plain.forward(&batch, false)).unwrap();
     assert_same_adapted_output("PEFT file merged", &out, &io);
 
