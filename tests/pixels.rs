@@ -43,6 +43,17 @@ fn pixels(path: &Path) -> (Vec<u8>, (u32, u32)) {
 /// The model shape that fits the tiny encoders.
 const SHAPE: [&str; 2] = ["model.in_channels=64", "model.vec_in_dim=32"];
 
+/// `flux-hpc sample` of flux_tiny in the shape of [`SHAPE`] on the CPU, with the encoders of
+/// `folder`, the weights of `run` and `extra` arguments.
+fn sample(folder: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
+    let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
+    let mut args = vec!["sample", common::FLUX_TINY, "--device", "cpu"];
+    args.extend(["--encoders", folder.to_str().unwrap(), "--set", &dir_arg]);
+    args.extend(SHAPE.iter().flat_map(|s| ["--set", *s]));
+    args.extend(extra);
+    flux_hpc(&args)
+}
+
 #[test]
 fn captioned_images_encode_train_and_sample_back_to_pngs() {
     let dir = temp_dir("pixels");
@@ -111,26 +122,17 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     ];
     ok(&train(Some(2), &run, &[&SHAPE[..], &steps].concat()));
 
-    let dir_arg = format!("checkpoint.dir=\"{}\"", run.display());
-    let with_shape: Vec<&str> = SHAPE.iter().flat_map(|s| ["--set", *s]).collect();
-    let mut args = vec![
-        "sample",
-        common::FLUX_TINY,
-        "--device",
-        "cpu",
-        "--steps",
-        "4",
-    ];
-    args.extend(["--encoders", folder.to_str().unwrap()]);
-    args.extend([
+    let prompts = [
         "--prompt",
         "a photo of a cat",
         "--prompt",
         "🐱 an emoji cat",
-    ]);
-    args.extend(["--set", &dir_arg]);
-    args.extend(&with_shape);
-    ok(&flux_hpc(&args));
+    ];
+    ok(&sample(
+        &folder,
+        &run,
+        &[&["--steps", "4"], &prompts[..]].concat(),
+    ));
     let (a, size_a) = pixels(&run.join("samples_0.png"));
     let (b, size_b) = pixels(&run.join("samples_1.png"));
     // 8×8 model latents = 16×16 VAE latents (2×2 packing) = 64×64 pixels (VAE factor 4).
@@ -141,22 +143,9 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
 
     // Another size, with a negative prompt for the unconditional pass of two-pass guidance.
     let out = dir.join("wide.safetensors");
-    let mut args = vec![
-        "sample",
-        common::FLUX_TINY,
-        "--device",
-        "cpu",
-        "--steps",
-        "2",
-    ];
-    args.extend([
-        "--encoders",
-        folder.to_str().unwrap(),
-        "--prompt",
-        "a wide river",
-    ]);
-    args.extend(["--negative-prompt", "blurry", "--cfg-scale", "2.0"]);
-    args.extend([
+    let mut wide = vec!["--steps", "2", "--prompt", "a wide river"];
+    wide.extend(["--negative-prompt", "blurry", "--cfg-scale", "2.0"]);
+    wide.extend([
         "--width",
         "96",
         "--height",
@@ -164,15 +153,13 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    args.extend(["--set", &dir_arg]);
-    args.extend(&with_shape);
-    ok(&flux_hpc(&args));
+    ok(&sample(&folder, &run, &wide));
     assert_eq!(pixels(&dir.join("wide_0.png")).1, (96, 64));
-    let bad = args
+    let bad: Vec<&str> = wide
         .iter()
         .map(|a| if *a == "96" { "100" } else { a })
-        .collect::<Vec<_>>();
-    let refused = flux_hpc(&bad);
+        .collect();
+    let refused = sample(&folder, &run, &bad);
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
@@ -181,18 +168,15 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     );
 
     // The tiny T5 is 32 wide; a model taking 48-wide text states cannot use it.
-    let mut args = vec![
-        "sample",
-        common::FLUX_TINY,
-        "--device",
-        "cpu",
+    let narrow = [
         "--steps",
         "1",
+        "--prompt",
+        "x",
+        "--set",
+        "model.context_dim=48",
     ];
-    args.extend(["--encoders", folder.to_str().unwrap(), "--prompt", "x"]);
-    args.extend(["--set", &dir_arg, "--set", "model.context_dim=48"]);
-    args.extend(&with_shape);
-    let out = flux_hpc(&args);
+    let out = sample(&folder, &run, &narrow);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
