@@ -28,7 +28,8 @@ pub trait DpOptimizer {
     fn zero_grad(&mut self);
 
     /// This rank's f32 master weights in the optimizer's own layout: one tensor per parameter,
-    /// or the flat share a sharded optimizer owns. What an EMA averages beside them.
+    /// or one per part of a parameter a sharded optimizer owns. What an EMA averages beside
+    /// them.
     fn masters(&self) -> Vec<Tensor>;
 
     /// Tensors laid out like [`DpOptimizer::masters`] as one tensor per parameter (this rank's
@@ -48,8 +49,7 @@ pub trait DpOptimizer {
     fn load_state(&mut self, state: OptimizerState);
 
     /// Bytes this rank holds for the optimizer beyond the weights and their gradients: f32
-    /// masters kept apart from the weights, both moments, and a sharded optimizer's summed
-    /// gradient share.
+    /// masters kept apart from the weights, and both moments.
     fn state_bytes(&self) -> u64;
 }
 
