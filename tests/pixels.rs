@@ -2,9 +2,9 @@
 //! (tests/fixtures/make_text_fixtures.py, make_vae_fixtures.py) in a FLUX.1-layout folder;
 //! `flux-hpc data encode` turns a folder of captioned images of three sizes and formats
 //! (make_images.py: PNG, JPEG in a sub-folder, WebP, CMYK JPEG, 16-bit PNG) into bucketed shards,
-//! skipping and listing a broken and a 1×1 image, and resumes; a tiny Flux (its text and pooled
-//! widths the encoders', its 64 input channels FLUX.1's 2×2-packed 16) trains on the shards under
-//! mpirun, dropped captions (`cfg_dropout_prob`) taking the stored empty caption's encodings,
+//! skipping and listing a broken, a truncated and a 1×1 image, and resumes (still listing them);
+//! a tiny Flux (its text and pooled widths the encoders', its 64 input channels FLUX.1's
+//! 2×2-packed 16) trains on the shards under mpirun, dropped captions (`cfg_dropout_prob`) taking the stored empty caption's encodings,
 //! which must fit the shards; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are
 //! not flat and differ by prompt, and of another `--width` × `--height` with a
 //! `--negative-prompt` (a size the VAE and packing do not divide is refused); text encoders whose
@@ -88,7 +88,7 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     };
     let first = encode();
     for line in [
-        "bucket 32x32        7 image(s)",
+        "bucket 32x32        8 image(s)",
         "bucket 48x32        4 image(s)",
         "bucket 32x48        1 image(s)",
         "wrote 4 shard(s) with 12 samples",
@@ -105,8 +105,17 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
         "{failed}"
     );
     assert!(
+        failed.contains("truncated.png") && failed.contains("unreadable image"),
+        "{failed}"
+    );
+    assert!(
         encode().contains("wrote 0 shard(s) with 0 samples"),
         "a rerun resumes"
+    );
+    let again = std::fs::read_to_string(shards.join("failed_files.json")).unwrap();
+    assert!(
+        again.contains("truncated.png") && again.contains("tiny.png"),
+        "a rerun keeps what a skipped shard left out: {again}"
     );
     ok(&flux_hpc(&["data", "validate", shards.to_str().unwrap()]));
 

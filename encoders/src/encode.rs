@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use flux_data::dataset::{Sample, ShardLayout, ShardWriter, StorageDtype, EMPTY_PROMPT};
-use flux_data::ingest::{write_failed, FailedFile, Progress};
+use flux_data::ingest::{read_failed, write_failed, FailedFile, Progress};
 use flux_data::VaeNorm;
 use image::RgbImage;
 use tch::{Kind, Tensor};
@@ -186,10 +186,18 @@ pub fn encode_folder(
         .collect();
     summary.per_bucket = by_bucket.iter().map(|(b, v)| (*b, v.len())).collect();
     progress.start(shards.len() as u64);
+    // Images a finished shard left out stay listed when a rerun skips that shard.
+    let listed_before = read_failed(out_dir);
     for (bucket, index, chunk) in shards {
         let out = out_dir.join(format!("{bucket}_{index:05}.h5"));
         if out.exists() {
             summary.skipped += 1;
+            summary.failed.extend(
+                listed_before
+                    .iter()
+                    .filter(|f| chunk.iter().any(|(_, relative)| *relative == f.file))
+                    .cloned(),
+            );
             progress.skip(1);
             continue;
         }

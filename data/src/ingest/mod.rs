@@ -15,7 +15,7 @@ pub use local::{convert_tar, ingest_dir, ingest_tars, plan_shards, shard_path};
 pub use npy::{parse_npy, NpyArray};
 pub use record::{split_key, LayoutChoice, Record};
 pub use shard::{ShardBuilder, ShardSummary};
-pub use stream::{ingest_http, write_failed, FailedFile, HttpSource};
+pub use stream::{ingest_http, read_failed, write_failed, FailedFile, HttpSource};
 
 use crate::dataset::ShardLayout;
 

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{io, DataError};
 use crate::ingest::http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
@@ -36,7 +36,7 @@ pub struct HttpSource {
 }
 
 /// One file that could not be ingested, as listed in `failed_files.json`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FailedFile {
     /// Name from the manifest.
     pub file: String,
@@ -233,6 +233,15 @@ pub fn ingest_http(
     write_failed(out_dir, &failed)?;
     summary.failed = failed;
     Ok(summary)
+}
+
+/// The entries of `out_dir/failed_files.json` (none when it does not exist or cannot be read:
+/// a listing, not state that anything depends on).
+pub fn read_failed(out_dir: &Path) -> Vec<FailedFile> {
+    fs::read_to_string(out_dir.join("failed_files.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default()
 }
 
 /// Write `failed_files.json` (or remove a stale one when nothing failed).
