@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::fault_server::{Fault, FaultServer};
-use common::latents::{ingest_tars, sources, write_npy_sample};
+use common::latents::{ingest_dir, ingest_tars, sources, write_npy_sample};
 use common::{assert_same_records, flux_hpc, ok, records, train};
 use flux_data::dataset::LatentDataset;
 use tch::Tensor;
@@ -92,22 +92,15 @@ fn mlperf_tar_shards_ingest_bit_exactly_and_validate() {
 fn npy_and_safetensors_files_ingest_into_fixed_size_shards() {
     let dir = sources("ingest-files", &[]);
     let h5 = dir.join("h5");
-    ok(&flux_hpc(&[
-        "data",
-        "ingest",
-        "--dir",
-        dir.join("files").to_str().unwrap(),
-        "--out",
-        h5.to_str().unwrap(),
-        "--samples-per-shard",
-        "4",
+    let extra = [
         "--dtype",
         "f32",
         "--deflate",
         "6",
         "--latent-norm",
         "identity",
-    ]));
+    ];
+    ok(&ingest_dir(&dir.join("files"), &h5, "4", &extra));
     assert!(h5.join("shard_000000.h5").exists() && h5.join("shard_000001.h5").exists());
     assert_matches_expected(
         &h5,
@@ -288,18 +281,12 @@ fn shards_that_do_not_fit_the_model_are_refused_naming_the_field() {
         for (i, latent) in latents.iter().enumerate() {
             write_npy_sample(&files, &format!("s{i}"), latent, None);
         }
-        ok(&flux_hpc(&[
-            "data",
-            "ingest",
-            "--dir",
-            files.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--samples-per-shard",
+        ok(&ingest_dir(
+            &files,
+            &out,
             "1",
-            "--latent-norm",
-            "identity",
-        ]));
+            &["--latent-norm", "identity"],
+        ));
         out
     };
     refused(
@@ -328,16 +315,7 @@ fn ingest_refuses_a_mask_off_the_latent_grid_and_two_sizes_in_one_shard() {
     let dir = common::temp_dir("ingest-misfit");
     let ingest = |name: &str| {
         let (files, out) = (dir.join(name), dir.join(format!("{name}.h5")));
-        flux_hpc(&[
-            "data",
-            "ingest",
-            "--dir",
-            files.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--samples-per-shard",
-            "2",
-        ])
+        ingest_dir(&files, &out, "2", &[])
     };
     let refused = |out: std::process::Output, want: &str| {
         assert!(!out.status.success());

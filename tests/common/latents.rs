@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use super::{flux_hpc, ok, python, temp_dir};
 
@@ -56,4 +57,18 @@ pub fn write_npy_sample(dir: &Path, key: &str, latent: &[i64], mask: Option<&[i6
             .write_npy(dir.join(format!("{key}.{field}.npy")))
             .unwrap();
     }
+}
+
+/// `flux-hpc data ingest --dir files --out out --samples-per-shard per_shard` with `extra`
+/// arguments.
+pub fn ingest_dir(files: &Path, out: &Path, per_shard: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["data", "ingest", "--dir", files.to_str().unwrap()];
+    args.extend([
+        "--out",
+        out.to_str().unwrap(),
+        "--samples-per-shard",
+        per_shard,
+    ]);
+    args.extend(extra);
+    flux_hpc(&args)
 }
