@@ -37,13 +37,17 @@ torch::autograd::variable_list run(int64_t fn, int64_t handle, at::TensorList in
 
 struct Recompute : public torch::autograd::Function<Recompute> {
   // Inputs arrive as a TensorList so that autograd sees each of them as a differentiable input.
+  // The block takes the first `n_block` inputs; any after them are leaves that only make the
+  // outputs differentiable (see flux_recompute).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                int64_t fn, int64_t handle, int64_t n_out) {
+                                                int64_t fn, int64_t handle, int64_t n_out,
+                                                int64_t n_block) {
     ctx->saved_data["fn"] = fn;
     ctx->saved_data["handle"] = handle;
     ctx->saved_data["n_out"] = n_out;
+    ctx->saved_data["n_block"] = n_block;
     ctx->save_for_backward(inputs.vec());
-    return run(fn, handle, inputs, n_out, 0);
+    return run(fn, handle, inputs.slice(0, n_block), n_out, 0);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -54,8 +58,9 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     torch::autograd::variable_list outputs;
     {
       at::AutoGradMode enable(true);
-      outputs = run(ctx->saved_data["fn"].toInt(), ctx->saved_data["handle"].toInt(), inputs,
-                    ctx->saved_data["n_out"].toInt(), 1);
+      auto n_block = ctx->saved_data["n_block"].toInt();
+      outputs = run(ctx->saved_data["fn"].toInt(), ctx->saved_data["handle"].toInt(),
+                    at::TensorList(inputs).slice(0, n_block), ctx->saved_data["n_out"].toInt(), 1);
     }
     torch::autograd::variable_list outs, gouts;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -64,12 +69,10 @@ struct Recompute : public torch::autograd::Function<Recompute> {
         gouts.push_back(grads[i]);
       }
     }
-    torch::autograd::backward(outs, gouts);
+    if (!outs.empty()) torch::autograd::backward(outs, gouts);
     torch::autograd::variable_list result;
     for (const auto& x : inputs) result.push_back(x.requires_grad() ? x.grad() : at::Tensor());
-    result.push_back(at::Tensor());
-    result.push_back(at::Tensor());
-    result.push_back(at::Tensor());
+    for (int i = 0; i < 4; ++i) result.push_back(at::Tensor());
     return result;
   }
 };
@@ -84,9 +87,20 @@ int32_t flux_recompute(const at::Tensor* const* inputs, int64_t n_in, block_fn f
                        at::Tensor** outputs, int64_t n_out) {
   try {
     torch::autograd::variable_list in;
-    for (int64_t i = 0; i < n_in; ++i) in.push_back(*inputs[i]);
+    bool differentiable = false;
+    for (int64_t i = 0; i < n_in; ++i) {
+      in.push_back(*inputs[i]);
+      differentiable = differentiable || inputs[i]->requires_grad();
+    }
+    // A function's outputs require a gradient only when one of its inputs does. A block whose
+    // inputs do not (the first block of a frozen model with LoRA adapters) may still hold
+    // trainable parameters: a leaf input that requires a gradient makes its outputs
+    // differentiable, so that backward reaches the recomputation.
+    if (!differentiable && at::GradMode::is_enabled()) {
+      in.push_back(at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true));
+    }
     auto out = Recompute::apply(at::TensorList(in), reinterpret_cast<int64_t>(fn),
-                                reinterpret_cast<int64_t>(handle), n_out);
+                                reinterpret_cast<int64_t>(handle), n_out, n_in);
     for (int64_t i = 0; i < n_out; ++i) outputs[i] = new at::Tensor(out[i]);
     return 0;
   } catch (const std::exception& e) {
