@@ -2,9 +2,10 @@
 # `flux-hpc data encode` against the same encoding with diffusers + transformers, in one run:
 # N images of SIZE² through FLUX.1-shaped random encoders (benches/encode_reference.py setup), the
 # two alternated round by round, wall time including model loading (flux-hpc also writes the HDF5
-# shards). Prints images/s of each and the ratio.
+# shards). Prints images/s of each and the ratio. On a GPU (DEVICE=cuda) both run T5 in bf16,
+# CLIP and the VAE in f32, as `data encode` does there.
 #
-#   bash benches/encode.sh              # ROUNDS=2 IMAGES=16 SIZE=512 BATCH=4 TEXT_LEN=512
+#   bash benches/encode.sh              # ROUNDS=2 IMAGES=16 SIZE=512 BATCH=4 TEXT_LEN=512 DEVICE=cpu
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,6 +14,7 @@ IMAGES=${IMAGES:-16}
 SIZE=${SIZE:-512}
 BATCH=${BATCH:-4}
 TEXT_LEN=${TEXT_LEN:-512}
+DEVICE=${DEVICE:-cpu}
 OUT=${OUT:-$(mktemp -d /tmp/flux-encode.XXXX)}
 PY=.venv/bin/python
 BIN=target/debug/flux-hpc
@@ -32,14 +34,14 @@ flux() {
     local start end
     start=$(date +%s.%N)
     "$BIN" data encode --images "$OUT/images" --encoders "$OUT/flux" --out "$OUT/shards" \
-        --buckets "${SIZE}x${SIZE}" --text-len "$TEXT_LEN" --batch "$BATCH" --device cpu \
+        --buckets "${SIZE}x${SIZE}" --text-len "$TEXT_LEN" --batch "$BATCH" --device "$DEVICE" \
         >/dev/null 2>&1
     end=$(date +%s.%N)
     echo "{\"impl\": \"flux-hpc\", \"images\": $IMAGES, \"seconds\": $(echo "$end - $start" | bc)}"
 }
 torch() {
     "$PY" benches/encode_reference.py run "$OUT/images" "$OUT/flux" --batch "$BATCH" \
-        --size "$SIZE" --text-len "$TEXT_LEN" 2>/dev/null
+        --size "$SIZE" --text-len "$TEXT_LEN" --device "$DEVICE" 2>/dev/null
 }
 for round in $(seq "$ROUNDS"); do
     say "round $round/$ROUNDS"

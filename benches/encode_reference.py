@@ -75,11 +75,14 @@ def run(args):
     from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
     flux = Path(args.flux)
-    vae = AutoencoderKL.from_pretrained(flux / "vae").eval()
+    device = torch.device(args.device)
+    t5_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    vae = AutoencoderKL.from_pretrained(flux / "vae").eval().to(device)
     clip_tok = AutoTokenizer.from_pretrained(flux / "tokenizer")
-    clip = CLIPTextModel.from_pretrained(flux / "text_encoder").eval()
+    clip = CLIPTextModel.from_pretrained(flux / "text_encoder").eval().to(device)
     t5_tok = AutoTokenizer.from_pretrained(flux / "tokenizer_2")
-    t5 = T5EncoderModel.from_pretrained(flux / "text_encoder_2").eval()
+    t5 = T5EncoderModel.from_pretrained(flux / "text_encoder_2", torch_dtype=t5_dtype)
+    t5 = t5.eval().to(device)
     paths = sorted(Path(args.images).glob("*.png"))
     size = args.size
 
@@ -96,16 +99,18 @@ def run(args):
     with torch.no_grad():
         for i in range(0, len(paths), args.batch):
             batch = paths[i:i + args.batch]
-            images = torch.stack([load(p) for p in batch])
+            images = torch.stack([load(p) for p in batch]).to(device)
             captions = [p.with_suffix(".txt").read_text().strip() for p in batch]
             posterior = vae.encode(images).latent_dist
             _ = posterior.mean, posterior.logvar
             ids = clip_tok(captions, padding="max_length", max_length=77, truncation=True,
-                           return_tensors="pt").input_ids
+                           return_tensors="pt").input_ids.to(device)
             _ = clip(ids).pooler_output
             ids = t5_tok(captions, padding="max_length", max_length=args.text_len,
-                         truncation=True, return_tensors="pt").input_ids
+                         truncation=True, return_tensors="pt").input_ids.to(device)
             _ = t5(ids).last_hidden_state
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     print(json.dumps({"impl": "pytorch", "images": len(paths), "seconds": seconds,
                       "images_per_s": len(paths) / seconds, "threads": torch.get_num_threads()}))
@@ -124,6 +129,7 @@ def main():
     r.add_argument("--batch", type=int, default=4)
     r.add_argument("--size", type=int, default=512)
     r.add_argument("--text-len", type=int, default=512)
+    r.add_argument("--device", default="cpu", help="cpu or cuda (T5 in bf16 there)")
     args = ap.parse_args()
     setup(args) if args.what == "setup" else run(args)
 

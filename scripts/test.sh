@@ -20,7 +20,7 @@ if [ ! -f tests/fixtures/data/text/clip_outputs.safetensors ]; then
     echo "[test] making tokenizer and text-encoder fixtures from transformers"
     .venv/bin/python tests/fixtures/make_text_fixtures.py tests/fixtures/data/text
 fi
-if [ ! -f tests/fixtures/data/vae/vae_outputs.safetensors ]; then
+if [ ! -f tests/fixtures/data/vae/bfl_outputs.safetensors ]; then
     echo "[test] making autoencoder fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_vae_fixtures.py tests/fixtures/data/vae
 fi

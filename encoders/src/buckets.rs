@@ -6,9 +6,11 @@ use std::str::FromStr;
 
 use image::imageops::{self, FilterType};
 use image::RgbImage;
+use serde::{Deserialize, Serialize};
 
-/// A training resolution in pixels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A training resolution in pixels; `WIDTHxHEIGHT` in configs and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Bucket {
     /// Width, pixels.
     pub width: u32,
@@ -41,6 +43,20 @@ impl FromStr for Bucket {
             width: side(w)?,
             height: side(h)?,
         })
+    }
+}
+
+impl TryFrom<String> for Bucket {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Bucket> for String {
+    fn from(b: Bucket) -> String {
+        b.to_string()
     }
 }
 
@@ -78,6 +94,24 @@ pub fn fit(image: &RgbImage, bucket: Bucket) -> RgbImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_read_and_write_as_strings_in_configs() {
+        let list: Vec<Bucket> = serde_json::from_str(r#"["1024x768", "512x512"]"#).unwrap();
+        assert_eq!(
+            list[0],
+            Bucket {
+                width: 1024,
+                height: 768
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&list).unwrap(),
+            r#"["1024x768","512x512"]"#
+        );
+        let bad = serde_json::from_str::<Vec<Bucket>>(r#"["1024*768"]"#).unwrap_err();
+        assert!(bad.to_string().contains("not WIDTHxHEIGHT"), "{bad}");
+    }
 
     #[test]
     fn buckets_parse_and_print() {

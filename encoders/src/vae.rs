@@ -1,4 +1,4 @@
-//! FLUX.1's autoencoder (diffusers' `AutoencoderKL`, the `vae/` folder): images `[B, 3, H, W]` in
+//! FLUX.1's autoencoder (diffusers' `AutoencoderKL`, the `vae/` folder, or BFL's `ae.safetensors`): images `[B, 3, H, W]` in
 //! [-1, 1] ↔ latents `[B, 16, H/f, W/f]` (`f` = 2 per down block after the first; 8 for FLUX.1).
 //!
 //! Encoder: a 3×3 conv in; down blocks of ResNet blocks (GroupNorm, SiLU, 3×3 convs, a 1×1
@@ -7,13 +7,16 @@
 //! GroupNorm, SiLU, a 3×3 conv out to the posterior's mean and log-variance. Decoder: the mirror,
 //! with nearest-neighbour 2× upsampling and one more ResNet block per up block.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use flux_data::convert::SafetensorsReader;
 
 use serde::Deserialize;
 use tch::nn::{self, VarStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::weights::{load_into, read_config, LoadError};
+use crate::bfl_vae;
+use crate::weights::{assign, load_into, read_config, LoadError};
 
 /// The fields of diffusers' `config.json` the autoencoder needs (others are ignored).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -51,9 +54,52 @@ pub struct AutoencoderConfig {
 }
 
 impl AutoencoderConfig {
+    /// The configuration of the autoencoder at `path` (see [`Autoencoder::load`]): a diffusers
+    /// folder's `config.json`, or what BFL's single file's shapes say.
+    pub fn read(path: &Path) -> Result<Self, LoadError> {
+        match bfl_vae::is_single_file(path) {
+            true => {
+                let reader = SafetensorsReader::open(path).map_err(|e| LoadError::new(path, e))?;
+                bfl_vae::infer_config(&reader)
+            }
+            false => read_config(path),
+        }
+    }
+
     /// The factor between image and latent sides: 2 per down block after the first.
     pub fn downsampling(&self) -> i64 {
         1 << self.block_out_channels.len().saturating_sub(1)
+    }
+
+    /// Whether a model taking `channels` latent channels takes this autoencoder's latents
+    /// 2×2-packed (FLUX.1: 64 = 4 × 16) rather than as they are. Fails when it is neither.
+    pub fn packed_for(&self, channels: i64) -> Result<bool, String> {
+        let own = self.latent_channels;
+        match channels {
+            c if c == 4 * own => Ok(true),
+            c if c == own => Ok(false),
+            c => Err(format!(
+                "the autoencoder has {own} latent channels, the model's {c} are neither that nor \
+                 4× that (2×2-packed)"
+            )),
+        }
+    }
+
+    /// The model's latent side for `pixels` image pixels, for a model taking `channels` latent
+    /// channels: pixels / downsampling, / 2 more for packed latents. Fails when they do not
+    /// divide, saying by what.
+    pub fn latent_side(&self, pixels: i64, channels: i64) -> Result<i64, String> {
+        let packed = self.packed_for(channels)?;
+        let factor = self.downsampling() * if packed { 2 } else { 1 };
+        match pixels > 0 && pixels % factor == 0 {
+            true => Ok(pixels / factor),
+            false => Err(format!(
+                "{pixels} is not a positive multiple of {factor} pixels (the VAE's downsampling \
+                 {}{})",
+                self.downsampling(),
+                if packed { " × 2×2 packing" } else { "" }
+            )),
+        }
     }
 }
 
@@ -303,14 +349,37 @@ impl Autoencoder {
         })
     }
 
-    /// The autoencoder saved in `dir` (diffusers' `config.json` and
-    /// `diffusion_pytorch_model.safetensors`, FLUX.1's `vae/` folder), on `device`.
-    pub fn load(dir: &Path, device: Device) -> Result<Self, LoadError> {
-        let config: AutoencoderConfig = read_config(dir)?;
-        let mut model =
-            Self::new(config, device).map_err(|e| LoadError::new(&dir.join("config.json"), e))?;
-        load_into(&mut model.vs, dir, "diffusion_pytorch_model", &[], &[])?;
+    /// The autoencoder at `path`, on `device`: a diffusers folder (`config.json` and
+    /// `diffusion_pytorch_model.safetensors`, FLUX.1's `vae/`) or BFL's single file
+    /// (`ae.safetensors`, its config read from the weights' shapes).
+    pub fn load(path: &Path, device: Device) -> Result<Self, LoadError> {
+        let config = AutoencoderConfig::read(path)?;
+        let blocks = config.block_out_channels.len();
+        let mut model = Self::new(config, device).map_err(|e| LoadError::new(path, e))?;
+        if bfl_vae::is_single_file(path) {
+            let reader = SafetensorsReader::open(path).map_err(|e| LoadError::new(path, e))?;
+            let tensors = bfl_vae::diffusers_tensors(&reader, blocks)?;
+            assign(&mut model.vs, tensors, path)?;
+        } else {
+            load_into(&mut model.vs, path, "diffusion_pytorch_model", &[], &[])?;
+        }
         Ok(model)
+    }
+
+    /// Where a FLUX.1 folder keeps its autoencoder: `folder/vae/` (diffusers' layout), else
+    /// `folder/ae.safetensors` (BFL's). Fails naming both when neither is there.
+    pub fn find(folder: &Path) -> Result<PathBuf, LoadError> {
+        let (diffusers, bfl) = (folder.join("vae"), folder.join("ae.safetensors"));
+        if diffusers.is_dir() {
+            Ok(diffusers)
+        } else if bfl.is_file() {
+            Ok(bfl)
+        } else {
+            Err(LoadError::new(
+                folder,
+                "holds no autoencoder: neither vae/ (diffusers) nor ae.safetensors (BFL)",
+            ))
+        }
     }
 
     /// The configuration.
@@ -367,6 +436,17 @@ impl Autoencoder {
     /// The factor between image and latent sides.
     pub fn downsampling(&self) -> i64 {
         self.config.downsampling()
+    }
+
+    /// Images `[B, out_channels, H, W]` from what a diffusion model denoises: normalised
+    /// latents, 2×2-packed or not (see [`AutoencoderConfig::packed_for`]).
+    pub fn decode_model_latents(&self, latents: &Tensor) -> Result<Tensor, String> {
+        let z = match self.config.packed_for(latents.size()[1])? {
+            true => latents.pixel_shuffle(2),
+            false => latents.shallow_clone(),
+        };
+        let z = z.to_device(self.device()).to_kind(self.kind());
+        Ok(tch::no_grad(|| self.decode(&self.denormalize(&z))))
     }
 
     /// `scale · (z − shift)`: a latent as the transformer sees it.

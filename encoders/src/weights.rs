@@ -83,17 +83,54 @@ pub fn load_into(
     prefixes: &[&str],
     ignored: &[&str],
 ) -> Result<(), LoadError> {
+    let named = read_tensors(dir, stem)?
+        .into_iter()
+        .filter_map(|(stored, tensor, file)| {
+            let name = prefixes
+                .iter()
+                .find_map(|p| stored.strip_prefix(p))
+                .unwrap_or(&stored)
+                .to_string();
+            (!ignored.contains(&name.as_str())).then_some(Stored {
+                stored,
+                name,
+                tensor,
+                file,
+            })
+        })
+        .collect();
+    assign(vs, named, dir)
+}
+
+/// A stored tensor and the variable it sets.
+pub(crate) struct Stored {
+    /// Its name in the file.
+    pub stored: String,
+    /// The variable's name.
+    pub name: String,
+    /// Its values.
+    pub tensor: Tensor,
+    /// The file holding it.
+    pub file: PathBuf,
+}
+
+/// Set every variable of `vs` from `tensors`; any tensor the model lacks, a variable none sets
+/// (reported against `source`) or a shape that differs is an error naming the file and tensor.
+pub(crate) fn assign(
+    vs: &mut VarStore,
+    tensors: Vec<Stored>,
+    source: &Path,
+) -> Result<(), LoadError> {
     let mut vars: HashMap<String, Tensor> = vs.variables();
     let mut missing: Vec<String> = vars.keys().cloned().collect();
-    for (stored, tensor, file) in read_tensors(dir, stem)? {
-        let name = prefixes
-            .iter()
-            .find_map(|p| stored.strip_prefix(p))
-            .unwrap_or(&stored);
-        if ignored.contains(&name) {
-            continue;
-        }
-        let var = vars.get_mut(name).ok_or_else(|| {
+    for Stored {
+        stored,
+        name,
+        tensor,
+        file,
+    } in tensors
+    {
+        let var = vars.get_mut(&name).ok_or_else(|| {
             LoadError::new(
                 &file,
                 format!("`{stored}` is not a weight of this model (is it another model's?)"),
@@ -110,11 +147,11 @@ pub fn load_into(
             ));
         }
         tch::no_grad(|| var.copy_(&tensor));
-        missing.retain(|m| m != name);
+        missing.retain(|m| *m != name);
     }
     if let Some(name) = missing.first() {
         return Err(LoadError::new(
-            dir,
+            source,
             format!("no weight for `{name}` ({} missing)", missing.len()),
         ));
     }

@@ -5,6 +5,9 @@
 //! mask (as FLUX.1 calls it) and with the tokenizer's mask; the same weights as two shards behind
 //! an index load alike; bf16 weights (FLUX.1's T5 precision) give the f32 result to 0.1 on
 //! outputs RMS-normed to about 1 (measured 0.035).
+//!
+//! `FLUX_TEST_DEVICE=cuda` runs them on the GPU (benches/gpu.sh does), where bf16 is what
+//! `data encode` and `sample` run T5 in.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,21 +28,36 @@ fn expected() -> HashMap<String, Tensor> {
         .collect()
 }
 
+/// The device of `FLUX_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`; default: the CPU).
+fn device() -> Device {
+    match std::env::var("FLUX_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("cpu") => Device::Cpu,
+        Ok("cuda") => Device::Cuda(0),
+        Ok(other) => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => Device::Cuda(n),
+            None => panic!("FLUX_TEST_DEVICE={other}: cpu, cuda or cuda:N"),
+        },
+    }
+}
+
 fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Float) - b).abs().max().double_value(&[])
+    (a.to_device(Device::Cpu).to_kind(Kind::Float) - b)
+        .abs()
+        .max()
+        .double_value(&[])
 }
 
 #[test]
 fn t5_encoder_gives_transformers_states_with_and_without_a_mask() {
     let e = expected();
-    let model =
-        T5Encoder::load(&fixtures().join("text_encoder_2"), Device::Cpu, Kind::Float).unwrap();
-    let (plain, masked) = tch::no_grad(|| {
-        (
-            model.forward(&e["input_ids"], None),
-            model.forward(&e["input_ids"], Some(&e["attention_mask"])),
-        )
-    });
+    let d = device();
+    let model = T5Encoder::load(&fixtures().join("text_encoder_2"), d, Kind::Float).unwrap();
+    let (ids, mask) = (
+        e["input_ids"].to_device(d),
+        e["attention_mask"].to_device(d),
+    );
+    let (plain, masked) =
+        tch::no_grad(|| (model.forward(&ids, None), model.forward(&ids, Some(&mask))));
     for (name, ours) in [
         ("last_hidden_state", &plain),
         ("last_hidden_state_masked", &masked),
@@ -75,8 +93,9 @@ fn sharded_weights_and_bf16_load_through_the_index() {
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     let e = expected();
     for (kind, tolerance) in [(Kind::Float, TOLERANCE), (Kind::BFloat16, 0.1)] {
-        let model = T5Encoder::load(&dir, Device::Cpu, kind).unwrap();
-        let out = tch::no_grad(|| model.forward(&e["input_ids"], None));
+        let d = device();
+        let model = T5Encoder::load(&dir, d, kind).unwrap();
+        let out = tch::no_grad(|| model.forward(&e["input_ids"].to_device(d), None));
         assert_eq!(out.kind(), kind);
         let err = max_abs(&out, &e["last_hidden_state"]);
         println!("{kind:?}: max abs error {err:e}");
