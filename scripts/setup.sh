@@ -19,6 +19,7 @@ cd "$root"
 TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
 PEFT_VERSION=0.21.2
+TENSORBOARD_VERSION=2.21.0
 APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
               libopenmpi-dev openmpi-bin fonts-dejavu-core slurm-wlm munge)
 
@@ -66,6 +67,14 @@ if ! $py -c "import peft; assert peft.__version__ == '$PEFT_VERSION'" 2>/dev/nul
     $py -m pip install -q "peft==$PEFT_VERSION"
 else
     say "peft $PEFT_VERSION present in .venv"
+fi
+
+# TensorBoard: the tests read the event files training writes back through its own reader.
+if ! $py -c "import tensorboard; assert tensorboard.__version__ == '$TENSORBOARD_VERSION'" 2>/dev/null; then
+    say "installing tensorboard==$TENSORBOARD_VERSION into .venv"
+    $py -m pip install -q "tensorboard==$TENSORBOARD_VERSION"
+else
+    say "tensorboard $TENSORBOARD_VERSION present in .venv"
 fi
 
 # --- 3. libtorch link used by .cargo/config.toml ------------------------------------------------

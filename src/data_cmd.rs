@@ -19,6 +19,8 @@ use flux_encoders::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
+use flux_train::RunConfig;
+
 use crate::DeviceArgs;
 
 /// Arguments of `flux-hpc data`.
@@ -78,20 +80,27 @@ struct EncodeArgs {
     /// Caption file (.jsonl or .csv); default: a `{stem}.txt` beside each image.
     #[arg(long)]
     captions: Option<PathBuf>,
-    /// A diffusers FLUX.1 folder: vae/, tokenizer/ + text_encoder/, tokenizer_2/ +
-    /// text_encoder_2/.
+    /// A FLUX.1 folder as the model repositories ship it: tokenizer/ + text_encoder/ (CLIP),
+    /// tokenizer_2/ + text_encoder_2/ (T5), and vae/ (diffusers) or BFL's ae.safetensors.
     #[arg(long)]
     encoders: PathBuf,
     /// Output directory for the shards.
     #[arg(long)]
     out: PathBuf,
+    /// The run config the shards are for: its `[data] buckets` and `[training] text_len` are
+    /// used (instead of --buckets and --text-len).
+    #[arg(long, conflicts_with_all = ["buckets", "text_len"])]
+    config: Option<PathBuf>,
+    /// With --config: override a config value, e.g. `--set training.text_len=256`.
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "config")]
+    overrides: Vec<String>,
     /// Resolution buckets, WIDTHxHEIGHT, comma-separated (sides multiples of the VAE's factor
-    /// × 2).
-    #[arg(long, value_delimiter = ',', default_value = "1024x1024")]
+    /// × 2) [default: 1024x1024].
+    #[arg(long, value_delimiter = ',')]
     buckets: Vec<Bucket>,
-    /// T5 tokens per caption (FLUX.1 [dev]: 512, [schnell]: 256; the config's text_len).
-    #[arg(long, default_value_t = 512)]
-    text_len: usize,
+    /// T5 tokens per caption (FLUX.1 [dev]: 512, [schnell]: 256) [default: 512].
+    #[arg(long)]
+    text_len: Option<usize>,
     /// Images whose shorter side is below this many pixels are skipped.
     #[arg(long, default_value_t = 256)]
     min_side: u32,
@@ -296,6 +305,30 @@ fn report(out: &Path, [written, samples, skipped]: [u64; 3], failed: &[FailedFil
     }
 }
 
+/// The buckets and T5 tokens per caption to encode with: the run config's `[data] buckets` and
+/// `[training] text_len` under --config, else --buckets and --text-len (1024x1024 and 512).
+fn buckets_and_text_len(args: &EncodeArgs) -> Result<(Vec<Bucket>, usize)> {
+    let Some(path) = &args.config else {
+        let buckets = match args.buckets.is_empty() {
+            true => vec![Bucket {
+                width: 1024,
+                height: 1024,
+            }],
+            false => args.buckets.clone(),
+        };
+        return Ok((buckets, args.text_len.unwrap_or(512)));
+    };
+    let run = RunConfig::load(path, &args.overrides)?;
+    if run.data.buckets.is_empty() {
+        bail!(
+            "{}: data.buckets is empty; list the buckets to encode into, e.g. \
+             buckets = [\"1024x1024\", \"1152x896\"]",
+            path.display()
+        );
+    }
+    Ok((run.data.buckets, run.training.text_len as usize))
+}
+
 fn encode(args: EncodeArgs) -> Result<()> {
     // One intra-op thread per core this process may use, as training does.
     tch::set_num_threads(Placement::from_env()?.threads() as i32);
@@ -304,9 +337,11 @@ fn encode(args: EncodeArgs) -> Result<()> {
         tch::Device::Cpu => tch::Kind::Float,
         _ => tch::Kind::BFloat16,
     };
-    let vae = Autoencoder::load(&args.encoders.join("vae"), device)?;
-    check_buckets(&args.buckets, (vae.downsampling() * 2) as u32).map_err(|e| anyhow!(e))?;
-    let prompts = PromptEncoder::load(&args.encoders, args.text_len, t5_kind, device)?;
+    let (buckets, text_len) = buckets_and_text_len(&args)?;
+    let vae_path = Autoencoder::find(&args.encoders)?;
+    let vae = Autoencoder::load(&vae_path, device)?;
+    check_buckets(&buckets, (vae.downsampling() * 2) as u32).map_err(|e| anyhow!(e))?;
+    let prompts = PromptEncoder::load(&args.encoders, text_len, t5_kind, device)?;
     let captions = match &args.captions {
         Some(file) => Captions::read(file).map_err(|e| anyhow!(e))?,
         None => Captions::Sidecar,
@@ -316,13 +351,13 @@ fn encode(args: EncodeArgs) -> Result<()> {
         prompts: &prompts,
         vae: &vae,
         names: [
-            format!("{folder}/vae"),
+            vae_path.display().to_string(),
             format!("{folder}/text_encoder_2"),
             format!("{folder}/text_encoder"),
         ],
     };
     let options = EncodeOptions {
-        buckets: args.buckets,
+        buckets,
         samples_per_shard: args.samples_per_shard,
         batch: args.batch,
         min_side: args.min_side,

@@ -4,19 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use flux_cluster::Placement;
 use flux_data::convert::SafetensorsReader;
-use flux_data::KeyedRng;
-use flux_data::LatentSamples;
-use flux_encoders::weights::read_config;
-use flux_encoders::{write_png, Autoencoder, AutoencoderConfig, PromptEncoder};
+use flux_encoders::{write_png, Autoencoder, AutoencoderConfig};
 use flux_model::tp::TpContext;
-use flux_model::DiffusionBatch;
-use flux_train::sampling::guided_velocity;
-use flux_train::scheduler::{integrate, FlowMatchEulerDiscreteScheduler};
-use flux_train::{synthetic_data, RunConfig, EVAL_BASE};
+use flux_train::sampling::{generate, start_noise, Conditioning, OdeSettings};
+use flux_train::{encode_prompts, latent_size, synthetic_data, RunConfig, EVAL_BASE};
 use tch::{Device, Kind, Tensor};
 
 use crate::{ConfigArgs, DeviceArgs};
@@ -48,7 +43,8 @@ pub struct SampleArgs {
     #[arg(long = "prompt", requires = "encoders")]
     prompts: Vec<String>,
     /// A diffusers FLUX.1 folder: tokenizer/ + text_encoder/ (CLIP), tokenizer_2/ +
-    /// text_encoder_2/ (T5), vae/. Text encoders are freed before the transformer is loaded.
+    /// text_encoder_2/ (T5), vae/ or BFL's ae.safetensors. Text encoders are freed before the
+    /// transformer is loaded.
     #[arg(long)]
     encoders: Option<PathBuf>,
     /// With --prompt: write the latents only, no decoding to PNG.
@@ -100,9 +96,8 @@ pub fn run(args: SampleArgs) -> Result<()> {
         Some(folder) if !args.prompts.is_empty() => {
             let mut prompts = args.prompts.clone();
             prompts.extend(args.negative_prompt.clone());
-            let (txt, y) = encode_prompts(folder, &prompts, &run, device)?;
-            let grid = latent_grid(folder, &args, &run)?;
-            Some((txt, y, grid))
+            let all = encode_prompts(folder, &prompts, &run, device).map_err(|e| anyhow!(e))?;
+            Some((all, latent_grid(folder, &args, &run)?))
         }
         _ => None,
     };
@@ -121,66 +116,46 @@ pub fn run(args: SampleArgs) -> Result<()> {
         .with_context(|| format!("{} does not fit this config", weights.display()))?;
 
     // The prompts' conditioning and the negative prompt's (the last row, when given).
-    let (cond, negative) = match prompted {
-        Some((txt, y, (h, w))) => {
+    // The shape sampled, and the clean latents the conditioning came from (synthetic data only).
+    let (cond, negative, shape, clean) = match prompted {
+        Some((all, (h, w))) => {
             let b = args.prompts.len() as i64;
-            let shape = [b, inputs.latent_channels, h, w];
             let negative = args.negative_prompt.as_ref().map(|_| {
-                let last = |t: &Tensor| t.narrow(0, b, 1).expand_as(&t.narrow(0, 0, b));
-                (last(&txt), last(&y))
+                let last = all.rows(b, 1);
+                Conditioning {
+                    text: last.text.expand_as(&all.text.narrow(0, 0, b)),
+                    pooled: last.pooled.expand_as(&all.pooled.narrow(0, 0, b)),
+                }
             });
-            let samples = LatentSamples {
-                latents: Tensor::zeros(shape, (Kind::Float, device)),
-                txt: txt.narrow(0, 0, b),
-                y: y.narrow(0, 0, b),
-                mask: None,
-            };
-            (samples, negative)
+            let shape = vec![b, inputs.latent_channels, h, w];
+            (all.rows(0, b), negative, shape, None)
         }
         None => {
             let data = synthetic_data(&run);
             let ids: Vec<u64> = (EVAL_BASE..EVAL_BASE + args.count).collect();
-            (data.batch(&ids, device), None)
+            let samples = data.batch(&ids, device);
+            let cond = Conditioning {
+                text: samples.txt,
+                pooled: samples.y,
+            };
+            (cond, None, samples.latents.size(), Some(samples.latents))
         }
     };
-    let b = cond.latents.size()[0];
-    let size = cond.latents.size();
-    let noise = KeyedRng::new(args.seed, 0, 0).normals(cond.latents.numel());
-    let start = Tensor::from_slice(&noise)
-        .view(size.as_slice())
-        .to_device(device);
-    let guidance = |g: f64| Tensor::full([b], args.guidance.unwrap_or(g), (Kind::Float, device));
-    let conditioned = |txt: &Tensor, y: &Tensor, x: &Tensor, timesteps: Tensor| DiffusionBatch {
-        latents: x.shallow_clone(),
-        timesteps,
-        text: inputs.text_dim.map(|_| txt.shallow_clone()),
-        pooled: inputs.pooled_dim.map(|_| y.shallow_clone()),
-        guidance: inputs.guidance.map(guidance),
+    let start = start_noise(args.seed, &shape, device);
+    let settings = OdeSettings {
+        steps: args.steps,
+        heun: args.heun,
+        guidance: args.guidance,
+        cfg_scale: args.cfg_scale,
     };
-    let (empty_txt, empty_y) =
-        negative.unwrap_or_else(|| (cond.txt.zeros_like(), cond.y.zeros_like()));
-    let size = cond.latents.size();
-    let image_tokens = inputs.image_tokens(size[2], size[3]);
-    let schedule =
-        FlowMatchEulerDiscreteScheduler::flux().flux_schedule(args.steps, image_tokens as f64);
-
-    let latents = tch::no_grad(|| {
-        integrate(start, &schedule.sigmas, args.heun, |x, sigma| {
-            let timesteps = || Tensor::full([b], sigma, (Kind::Float, device));
-            let predict = |txt: &Tensor, y: &Tensor| {
-                let batch = conditioned(txt, y, x, timesteps()).to_kind(model.kind());
-                model
-                    .forward(&batch, false)
-                    .expect("inputs follow the model's input spec")
-                    .to_kind(Kind::Float)
-            };
-            let v = predict(&cond.txt, &cond.y);
-            match args.cfg_scale {
-                Some(scale) => guided_velocity(&v, &predict(&empty_txt, &empty_y), scale),
-                None => v,
-            }
-        })
-    });
+    let latents = generate(
+        model.as_ref(),
+        &inputs,
+        start,
+        &cond,
+        negative.as_ref(),
+        &settings,
+    );
     let out = args.out.unwrap_or_else(|| dir.join("samples.safetensors"));
     println!(
         "samples           {:?} in {} {} steps",
@@ -188,28 +163,24 @@ pub fn run(args: SampleArgs) -> Result<()> {
         args.steps,
         if args.heun { "Heun" } else { "Euler" }
     );
-    if args.prompts.is_empty() {
-        let mse = |a: &Tensor| {
-            (a - &cond.latents)
-                .square()
-                .mean(Kind::Float)
-                .double_value(&[])
-        };
-        let written = [
-            ("latents".to_string(), latents.shallow_clone()),
-            ("reference".to_string(), cond.latents.shallow_clone()),
-        ];
-        flux_data::convert::write_tensors(&out, &written)?;
-        println!(
-            "mse vs data       {:.4} (the data's own variance: {:.4})",
-            mse(&latents),
-            mse(&cond.latents.zeros_like())
-        );
-    } else {
-        flux_data::convert::write_tensors(
+    match &clean {
+        Some(clean) => {
+            let mse = |a: &Tensor| (a - clean).square().mean(Kind::Float).double_value(&[]);
+            let written = [
+                ("latents".to_string(), latents.shallow_clone()),
+                ("reference".to_string(), clean.shallow_clone()),
+            ];
+            flux_data::convert::write_tensors(&out, &written)?;
+            println!(
+                "mse vs data       {:.4} (the data's own variance: {:.4})",
+                mse(&latents),
+                mse(&clean.zeros_like())
+            );
+        }
+        None => flux_data::convert::write_tensors(
             &out,
             &[("latents".to_string(), latents.shallow_clone())],
-        )?;
+        )?,
     }
     println!("written           {}", out.display());
     if let (Some(folder), false) = (&args.encoders, args.prompts.is_empty() || args.latents_only) {
@@ -221,58 +192,12 @@ pub fn run(args: SampleArgs) -> Result<()> {
     Ok(())
 }
 
-/// The T5 states and CLIP pooled vectors of `prompts` from the text encoders in `folder`,
-/// checked against the model's input widths.
-fn encode_prompts(
-    folder: &Path,
-    prompts: &[String],
-    run: &RunConfig,
-    device: Device,
-) -> Result<(Tensor, Tensor)> {
-    let kind = match device {
-        Device::Cpu => Kind::Float,
-        _ => Kind::BFloat16,
-    };
-    let encoder = PromptEncoder::load(folder, run.training.text_len as usize, kind, device)?;
-    let inputs = run.model.inputs();
-    let (text, pooled) = encoder.widths();
-    if inputs.text_dim.is_some_and(|d| d != text) || inputs.pooled_dim.is_some_and(|d| d != pooled)
-    {
-        bail!(
-            "{}: the text encoders give states of width {text} and a pooled vector of width \
-             {pooled}, the model takes {:?} and {:?} (model.context_dim, model.vec_in_dim)",
-            folder.display(),
-            inputs.text_dim,
-            inputs.pooled_dim
-        );
-    }
-    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let embeddings = encoder.encode(&prompts)?;
-    Ok((embeddings.text, embeddings.pooled))
-}
-
 /// The model's latent grid `(height, width)` for --height / --width in pixels (each defaults
-/// to the config's latent size), through the VAE in `folder/vae`: pixels / its downsampling /
-/// 2 for 2×2-packed latents. Fails naming the flag whose value does not divide.
+/// to the config's latent size), through the VAE of `folder`. Fails naming the flag whose
+/// value does not divide.
 fn latent_grid(folder: &Path, args: &SampleArgs, run: &RunConfig) -> Result<(i64, i64)> {
-    let vae: AutoencoderConfig = read_config(&folder.join("vae"))?;
-    let packed = run.model.inputs().latent_channels == 4 * vae.latent_channels;
-    let factor = vae.downsampling() * if packed { 2 } else { 1 };
-    let side = |flag: &str, pixels: Option<i64>, default: i64| match pixels {
-        None => Ok(default),
-        Some(p) if p > 0 && p % factor == 0 => Ok(p / factor),
-        Some(p) => Err(anyhow!(
-            "--{flag} {p} is not a positive multiple of {factor} pixels (the VAE's downsampling \
-             {}{})",
-            vae.downsampling(),
-            if packed { " × 2×2 packing" } else { "" }
-        )),
-    };
-    let t = &run.training;
-    Ok((
-        side("height", args.height, t.latent_height)?,
-        side("width", args.width, t.latent_width)?,
-    ))
+    let vae = AutoencoderConfig::read(&Autoencoder::find(folder)?)?;
+    latent_size(run, &vae, args.height, args.width).map_err(|(side, e)| anyhow!("--{side} {e}"))
 }
 
 /// Decode sampled `latents` with the VAE in `folder/vae` (unpacking 2×2-packed latents,
@@ -284,21 +209,11 @@ fn decode_to_pngs(
     out: &Path,
     device: Device,
 ) -> Result<Vec<PathBuf>> {
-    let vae = Autoencoder::load(&folder.join("vae"), device)?;
-    let vae_channels = vae.config().latent_channels;
-    let channels = latents.size()[1];
-    let z = if channels == 4 * vae_channels {
-        latents.pixel_shuffle(2)
-    } else if channels == vae_channels {
-        latents.shallow_clone()
-    } else {
-        bail!(
-            "{}: the VAE has {vae_channels} latent channels, the model's {channels} are neither \
-             that nor 4× that (2×2-packed)",
-            folder.join("vae").display()
-        );
-    };
-    let images = tch::no_grad(|| vae.decode(&vae.denormalize(&z)));
+    let vae_path = Autoencoder::find(folder)?;
+    let vae = Autoencoder::load(&vae_path, device)?;
+    let images = vae
+        .decode_model_latents(latents)
+        .map_err(|e| anyhow!("{}: {e}", vae_path.display()))?;
     let stem = out.with_extension("");
     let stem = stem.to_string_lossy();
     (0..images.size()[0])

@@ -1,14 +1,17 @@
 //! From pixels and prompts to pixels, end to end: tiny random CLIP, T5 and VAE
 //! (tests/fixtures/make_text_fixtures.py, make_vae_fixtures.py) in a FLUX.1-layout folder;
-//! `flux-hpc data encode` turns a folder of captioned images of three sizes and formats
-//! (make_images.py: PNG, JPEG in a sub-folder, WebP, CMYK JPEG, 16-bit PNG) into bucketed shards,
+//! `flux-hpc data encode --config` turns a folder of captioned images of three sizes and formats
+//! (make_images.py: PNG, JPEG in a sub-folder, WebP, CMYK JPEG, 16-bit PNG) into shards of the
+//! config's `[data] buckets` (a bucket listed twice is refused),
 //! skipping and listing a broken, a truncated and a 1×1 image, and resumes (still listing them);
 //! a tiny Flux (its text and pooled widths the encoders', its 64 input channels FLUX.1's
 //! 2×2-packed 16) trains on the shards under mpirun, dropped captions (`cfg_dropout_prob`) taking the stored empty caption's encodings,
 //! which must fit the shards; `flux-hpc sample --prompt` gives PNGs of the VAE's size that are
 //! not flat and differ by prompt, and of another `--width` × `--height` with a
 //! `--negative-prompt` (a size the VAE and packing do not divide is refused); text encoders whose
-//! widths do not fit the model are refused naming both fields.
+//! widths do not fit the model are refused naming both fields. The training run draws
+//! `[sampling]` grids and writes TensorBoard event files across a stop and resume, read back
+//! with TensorBoard's own reader (tests/fixtures/read_tensorboard.py).
 
 mod common;
 
@@ -40,6 +43,9 @@ fn pixels(path: &Path) -> (Vec<u8>, (u32, u32)) {
     (image.into_raw(), size)
 }
 
+/// The aspect buckets the images are encoded into (the config's `[training] text_len` is 8).
+const BUCKETS: &str = "data.buckets=[\"32x32\", \"48x32\", \"32x48\"]";
+
 /// The model shape that fits the tiny encoders.
 const SHAPE: [&str; 2] = ["model.in_channels=64", "model.vec_in_dim=32"];
 
@@ -54,14 +60,73 @@ fn sample(folder: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
     flux_hpc(&args)
 }
 
+/// The run's sample grids (steps 2, 3 at the stop, 4 at the end: 2 prompts × 2 seeds of
+/// 64×64 with 2-pixel gaps) are not flat and differ by prompt; TensorBoard's reader finds one
+/// loss per step equal to metrics.jsonl's, the held-out losses, and the grids.
+fn check_grids_and_tensorboard(run: &Path) {
+    for step in [2, 3, 4] {
+        let (grid, size) = pixels(&run.join(format!("samples/step_{step:09}.png")));
+        assert_eq!(size, (130, 130), "step {step}");
+        let cell = |row: usize, col: usize| -> Vec<u8> {
+            let (x0, y0) = (col * 66, row * 66);
+            (y0..y0 + 64)
+                .flat_map(|y| grid[(y * 130 + x0) * 3..(y * 130 + x0 + 64) * 3].to_vec())
+                .collect()
+        };
+        let spread = |p: &[u8]| p.iter().max().unwrap() - p.iter().min().unwrap();
+        assert!(spread(&cell(0, 0)) > 32, "a flat cell at step {step}");
+        assert_ne!(cell(0, 0), cell(1, 0), "two prompts gave the same image");
+        assert_ne!(cell(0, 0), cell(0, 1), "two seeds gave the same image");
+    }
+    let out = python("read_tensorboard.py", &[run.as_os_str()]);
+    ok(&out);
+    let board: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let series = |tag: &str| -> Vec<(u64, f64)> {
+        board["scalars"][tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {tag}: {board}"))
+            .iter()
+            .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()))
+            .collect()
+    };
+    let metrics: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let losses: Vec<(u64, f64)> = metrics
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+        .collect();
+    let logged = series("train/loss");
+    assert_eq!(logged.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    for ((step, ours), (_, theirs)) in logged.iter().zip(&losses) {
+        // TensorBoard stores f32.
+        assert!((ours - theirs).abs() <= 1e-6 * theirs.abs(), "step {step}");
+    }
+    let evals: Vec<u64> = series("eval/loss").iter().map(|p| p.0).collect();
+    assert_eq!((evals.first(), evals.last()), (Some(&0), Some(&4)));
+    for tag in ["train/lr", "train/grad_norm", "perf/tokens_per_s"] {
+        assert_eq!(series(tag).len(), 4, "{tag}");
+    }
+    let images = board["images"]["samples"].as_array().unwrap();
+    let expected = serde_json::json!([
+        [2, 130, 130, true],
+        [3, 130, 130, true],
+        [4, 130, 130, true]
+    ]);
+    assert_eq!(images, expected.as_array().unwrap());
+}
+
 #[test]
 fn captioned_images_encode_train_and_sample_back_to_pngs() {
     let dir = temp_dir("pixels");
     let folder = flux_folder(&dir);
     let (images, shards, run) = (dir.join("images"), dir.join("shards"), dir.join("run"));
     ok(&python("make_images.py", &[images.as_os_str()]));
-    let encode = || {
-        let out = flux_hpc(&[
+    // `data encode` of the images into `out`, the buckets set by `buckets` (a `--set`).
+    let encode_into = |out: &Path, buckets: &str| {
+        flux_hpc(&[
             "data",
             "encode",
             "--images",
@@ -69,11 +134,11 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
             "--encoders",
             folder.to_str().unwrap(),
             "--out",
-            shards.to_str().unwrap(),
-            "--buckets",
-            "32x32,48x32,32x48",
-            "--text-len",
-            "8",
+            out.to_str().unwrap(),
+            "--config",
+            common::FLUX_TINY,
+            "--set",
+            buckets,
             "--min-side",
             "16",
             "--batch",
@@ -82,7 +147,10 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
             "4",
             "--device",
             "cpu",
-        ]);
+        ])
+    };
+    let encode = || {
+        let out = encode_into(&shards, BUCKETS);
         ok(&out);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -118,6 +186,16 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
         "a rerun keeps what a skipped shard left out: {again}"
     );
     ok(&flux_hpc(&["data", "validate", shards.to_str().unwrap()]));
+    let twice = encode_into(
+        &dir.join("twice"),
+        "data.buckets=[\"32x32\", \"48x32\", \"32x32\"]",
+    );
+    assert!(!twice.status.success());
+    let stderr = String::from_utf8_lossy(&twice.stderr);
+    assert!(
+        stderr.contains("data.buckets") && stderr.contains("32x32 is listed twice"),
+        "{stderr}"
+    );
 
     let paths = format!("data.paths=[\"{}\"]", shards.display());
     let steps = [
@@ -129,7 +207,25 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
         "training.eval_samples=4",
         "training.cfg_dropout_prob=0.3",
     ];
-    ok(&train(Some(2), &run, &[&SHAPE[..], &steps].concat()));
+    // Sample grids every 2 steps and TensorBoard, over a stop at step 3 and a resume.
+    let encoders = format!("sampling.encoders=\"{}\"", folder.display());
+    let watched = [
+        "sampling.interval=2",
+        &encoders,
+        "sampling.prompts=[\"a red square\", \"a blue sky\"]",
+        "sampling.seeds=[0, 1]",
+        "sampling.steps=2",
+        "logging.tensorboard=true",
+        "training.log_interval=1",
+    ];
+    let args = [&SHAPE[..], &steps, &watched].concat();
+    ok(&train(
+        Some(2),
+        &run,
+        &[&args[..], &["--stop-after 3"]].concat(),
+    ));
+    ok(&train(Some(2), &run, &args));
+    check_grids_and_tensorboard(&run);
 
     let prompts = [
         "--prompt",

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use flux_encoders::Bucket;
 use flux_model::lora::LoraSettings;
 use flux_model::ConfigError;
 use serde::{Deserialize, Serialize};
@@ -327,6 +328,10 @@ pub struct DataConfig {
     pub shuffle: bool,
     /// Micro-batches read ahead by the prefetch thread.
     pub prefetch: usize,
+    /// Aspect-ratio buckets in pixels (`"1024x1024"`, `"1152x896"`, …) that `flux-hpc data
+    /// encode --config` sorts and crops images into; each becomes a resolution bucket of the
+    /// shards training reads.
+    pub buckets: Vec<Bucket>,
 }
 
 impl Default for DataConfig {
@@ -337,6 +342,7 @@ impl Default for DataConfig {
             eval_paths: Vec::new(),
             shuffle: true,
             prefetch: 4,
+            buckets: Vec::new(),
         }
     }
 }
@@ -355,6 +361,16 @@ impl DataConfig {
                 field,
                 || "an entry is empty; name a shard file or a directory of them".into(),
             )?;
+        }
+        if let Some(twice) = (1..self.buckets.len()).find_map(|i| {
+            self.buckets[..i]
+                .contains(&self.buckets[i])
+                .then_some(self.buckets[i])
+        }) {
+            return Err(ConfigError::new(
+                "buckets",
+                format!("{twice} is listed twice"),
+            ));
         }
         ConfigError::check(self.prefetch >= 1, "prefetch", || {
             "must read at least 1 micro-batch ahead".into()

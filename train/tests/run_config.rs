@@ -248,6 +248,25 @@ fn training_sections_are_validated_with_their_field_names() {
         err.contains("line 2") && err.contains("unknown variant `webdataset`"),
         "{err}"
     );
+    let err = parse_err(
+        "[parallelism]\nsharding = \"optimizer\"\noverlap_grad_reduce = true\n",
+        &[],
+    );
+    assert!(
+        err.contains("parallelism.overlap_grad_reduce: overlaps plain data parallelism"),
+        "{err}"
+    );
+    let err = parse_err("[data]\nbuckets = [\"64x48\", \"64x48\"]\n", &[]);
+    assert!(err.contains("data.buckets: 64x48 is listed twice"), "{err}");
+    let err = parse_err("[data]\nbuckets = [\"64*48\"]\n", &[]);
+    assert!(err.contains("not WIDTHxHEIGHT"), "{err}");
+    let err = parse_err("[sampling]\ninterval = 10\nprompts = [\"a cat\"]\n", &[]);
+    assert!(
+        err.contains("sampling.encoders: sampling needs a FLUX.1 folder"),
+        "{err}"
+    );
+    let err = parse_err("[logging]\ntensorboard = \"yes\"\n", &[]);
+    assert!(err.contains("invalid type"), "{err}");
     let err = parse_err("[checkpoint]\nkeep = 0\n", &[]);
     assert!(
         err.contains("checkpoint.keep: must keep at least 1 checkpoint"),
