@@ -179,6 +179,9 @@ def timed(args):
                 "lora_rank": lora_rank,
                 "trained_params_per_rank": sum(p.numel() for p in model.parameters() if p.requires_grad),
                 "sharding": "optimizer" if getattr(args, "zero", False) else "none",
+                # DistributedDataParallel always reduces its 25 MB buckets during backward.
+                "overlap_grad_reduce": distributed,
+                "bucket_mib": 25.0,
                 "optimizer_state_mib_per_rank": optimizer_state_mib(opt) if train else 0.0,
             }
         )

@@ -195,6 +195,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "lora_rank": run.lora.as_ref().map(|l| l.rank),
         "trained_params_per_rank": trained,
         "sharding": format!("{:?}", run.parallelism.sharding).to_lowercase(),
+        "overlap_grad_reduce": run.parallelism.overlap_grad_reduce,
+        "bucket_mib": run.parallelism.bucket_mib,
         "optimizer_state_mib_per_rank": optimizer_bytes as f64 / (1 << 20) as f64,
         "image_tokens": image_tokens,
         "text_tokens": text_tokens,

@@ -10,9 +10,10 @@ use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
 use flux_data::checkpoint::{CheckpointLayout, CheckpointWriter};
 use flux_data::files;
 use flux_model::tp::Collective;
-use flux_train::metrics::{plot_loss_curve, MetricsWriter, StepRecord};
+use flux_train::metrics::{plot_loss_curve, StepRecord};
 use flux_train::{
-    starting_checkpoint, Cadence, CheckpointFormat, RunConfig, StartPolicy, StepError, Trainer,
+    starting_checkpoint, Cadence, CheckpointFormat, RunConfig, RunLog, SampleGrid, StartPolicy,
+    StepError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -86,32 +87,19 @@ pub fn run(args: TrainArgs) -> Result<()> {
         );
     }
 
-    let metrics_path = dir.join("metrics.jsonl");
-    let in_metrics = || format!("writing {}", metrics_path.display());
-    let (mut metrics, mut records) = if !leader {
-        (None, Vec::new())
-    } else if first_step > 0 {
-        let (w, kept) =
-            MetricsWriter::resume(&metrics_path, first_step).with_context(in_metrics)?;
-        (Some(w), kept)
-    } else {
-        let w = MetricsWriter::create(&metrics_path).with_context(in_metrics)?;
-        (Some(w), Vec::new())
+    // Before the first step, so that a bad [sampling] table stops the run at once.
+    let samples = SampleGrid::prepare(&run, world.world.as_ref(), world.dp.rank() == 0, device)
+        .map_err(|e| anyhow!(e))?;
+    let mut log = match leader {
+        true => Some(RunLog::open(dir, first_step, run.logging.tensorboard)?),
+        false => None,
     };
     let start = Instant::now();
-    let mut record = |r: StepRecord, metrics: &mut Option<MetricsWriter>| -> Result<()> {
-        if let Some(m) = metrics {
-            m.write(&r).with_context(in_metrics)?;
-        }
-        records.push(r);
-        Ok(())
-    };
     if first_step == 0 {
         let eval = trainer.eval_loss()?;
-        record(
-            step_record(&trainer, 0, None, Some(eval), start, 0.0),
-            &mut metrics,
-        )?;
+        if let Some(log) = &mut log {
+            log.record(step_record(&trainer, 0, None, Some(eval), start, 0.0))?;
+        }
     }
 
     let layout = match run.checkpoint.format {
@@ -179,6 +167,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 samples_per_s * stats.tokens_per_sample as f64,
                 stats.skipped,
             );
+            r.grad_reduce_overlap_s = stats.overlap.map(|o| o.overlapped_s);
             tracing::debug!(
                 step,
                 loss = stats.loss,
@@ -186,7 +175,15 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 grad_norm = stats.grad_norm,
                 "step"
             );
-            record(r, &mut metrics)?;
+            if let Some(log) = &mut log {
+                log.record(r)?;
+            }
+        }
+        if let (Some(grid), true) = (&samples, run.sampling.due(step, next.last)) {
+            let drawn = grid.render(&trainer).map_err(|e| anyhow!(e))?;
+            if let (Some(image), Some(log)) = (drawn, &mut log) {
+                log.grid(step, &image, &SampleGrid::path(dir, step))?;
+            }
         }
         if next.checkpoint {
             let written = save(&trainer)?;
@@ -214,13 +211,14 @@ pub fn run(args: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let finals = trainer.final_weights();
-    if leader {
-        plot_loss_curve(&records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
+    if let Some(log) = &log {
+        let records = log.records();
+        plot_loss_curve(records, &dir.join("loss_curve.png")).map_err(anyhow::Error::msg)?;
         for (file, weights) in &finals {
             flux_data::convert::write_tensors(&dir.join(file), weights)?;
         }
         let files: Vec<_> = finals.iter().map(|(f, _)| dir.join(f)).collect();
-        summarize(&records, start, &files, dir);
+        summarize(records, start, &files, dir);
     }
     Ok(())
 }
@@ -319,6 +317,7 @@ fn step_record(
         tokens_per_s: 0.0,
         skipped: false,
         peak_memory_mib: trainer.peak_memory_mib(),
+        grad_reduce_overlap_s: None,
         elapsed_s: start.elapsed().as_secs_f64(),
     }
 }

@@ -2,6 +2,7 @@
 //! trains as plain data parallelism does (gradient clipping active: norms of 4–6 against a clip
 //! of 1), in f32 and in bf16 with f32 masters, with tensor parallelism; its checkpoints
 //! hold whole tensors, so a sharded run resumes unsharded; a run with one replica is refused.
+//! The plain TP2 × DP2 run it is held against overlaps its gradient all-reduces with backward.
 
 mod common;
 
@@ -80,8 +81,18 @@ fn optimizer_sharding_trains_as_plain_data_parallelism_and_resumes_unsharded() {
         "training.precision=\"bf16\"",
         "parallelism.tensor_parallel_size=2",
     ];
+    // The plain run sums its gradient buckets during backward (`overlap_grad_reduce`), except
+    // those `finish_grads` sums over the tensor-parallel group first.
     let (plain, sharded) = (dir.join("bf16-plain"), dir.join("bf16-sharded"));
-    ok(&train(Some(4), &plain, &with(&bf16)));
+    let overlap = [
+        "parallelism.overlap_grad_reduce=true",
+        "parallelism.bucket_mib=0.01",
+    ];
+    ok(&train(
+        Some(4),
+        &plain,
+        &with(&[&bf16[..], &overlap].concat()),
+    ));
     ok(&train(
         Some(4),
         &sharded,

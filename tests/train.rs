@@ -8,10 +8,32 @@ use common::{assert_same_records, assert_samples_beat_the_data, ok, records, tem
 fn two_data_parallel_ranks_reproduce_one_process() {
     // Same global batch (8): one rank accumulates two micro-batches of 4, two ranks take one each.
     let steps = ["training.total_steps=5", "training.log_interval=1"];
-    let (one, two) = (temp_dir("dp1"), temp_dir("dp2"));
+    let (one, two, overlapped) = (temp_dir("dp1"), temp_dir("dp2"), temp_dir("dp2-overlap"));
     ok(&train(None, &one, &steps));
     ok(&train(Some(2), &two, &steps));
+    // Buckets of 2,621 values summed while backward runs: the same sums, so the same records.
+    let overlap = [
+        "parallelism.overlap_grad_reduce=true",
+        "parallelism.bucket_mib=0.01",
+    ];
+    ok(&train(
+        Some(2),
+        &overlapped,
+        &[&steps[..], &overlap].concat(),
+    ));
     let (a, b) = (records(&one), records(&two));
+    let c = records(&overlapped);
+    for (rb, rc) in b.iter().zip(&c).skip(1) {
+        for key in ["loss", "eval_loss", "grad_norm"] {
+            assert_eq!(rb[key], rc[key], "step {}: {key}", rb["step"]);
+        }
+        let overlapped_s = rc["grad_reduce_overlap_s"].as_f64().unwrap();
+        assert!(
+            overlapped_s > 0.0,
+            "step {}: no bucket started before backward ended",
+            rc["step"]
+        );
+    }
     assert_eq!(a.len(), 6, "step 0 evaluation and 5 steps");
     for (ra, rb) in a.iter().zip(&b) {
         for key in ["loss", "eval_loss", "grad_norm"] {
@@ -24,7 +46,7 @@ fn two_data_parallel_ranks_reproduce_one_process() {
             }
         }
     }
-    for dir in [one, two] {
+    for dir in [one, two, overlapped] {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,10 +1,12 @@
 //! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
 
-use flux_model::tp::{Collective, SingleRank, TpContext};
+use flux_model::tp::{Collective, PendingSum, SingleRank, TpContext};
 
 use crate::{watchdog, Placement};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
+use mpi::ffi;
+use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::*;
 
@@ -49,6 +51,68 @@ impl Collective for MpiGroup {
         let _waiting = watchdog::enter(self.size());
         self.comm
             .reduce_scatter_block_into(data, out, SystemOperation::sum());
+    }
+
+    fn start_all_reduce_sum(&self, data: Vec<f32>) -> Box<dyn PendingSum + '_> {
+        let mut sum = vec![0f32; data.len()];
+        // SAFETY: a constant MPI defines.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: both buffers are heap allocations of `data.len()` f32 that move, unread and
+        // unwritten, into the returned value, which completes the request before freeing them.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                data.as_ptr().cast(),
+                sum.as_mut_ptr().cast(),
+                data.len() as i32,
+                ffi::RSMPI_FLOAT,
+                ffi::RSMPI_SUM,
+                self.comm.as_raw(),
+                &mut request,
+            );
+        }
+        Box::new(MpiSum {
+            _send: data,
+            sum,
+            request,
+            group_size: self.size(),
+        })
+    }
+}
+
+/// A non-blocking MPI all-reduce in flight, with the buffers it reads and writes.
+struct MpiSum {
+    _send: Vec<f32>,
+    sum: Vec<f32>,
+    request: ffi::MPI_Request,
+    group_size: usize,
+}
+
+impl PendingSum for MpiSum {
+    fn test(&mut self) -> bool {
+        let mut done = 0;
+        // SAFETY: `request` is this sum's (or null once completed, which MPI_Test accepts).
+        unsafe { ffi::MPI_Test(&mut self.request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+        done != 0
+    }
+
+    fn wait(mut self: Box<Self>) -> Vec<f32> {
+        self.complete();
+        std::mem::take(&mut self.sum)
+    }
+}
+
+impl MpiSum {
+    fn complete(&mut self) {
+        let _waiting = watchdog::enter(self.group_size);
+        // SAFETY: as in `test`; afterwards the request is null and the buffers free to go.
+        unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) };
+    }
+}
+
+impl Drop for MpiSum {
+    /// A sum dropped unwaited still owns buffers MPI writes: wait for it first.
+    fn drop(&mut self) {
+        self.complete();
     }
 }
 

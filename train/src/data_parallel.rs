@@ -4,16 +4,28 @@
 //! through [`DpOptimizer`].
 
 use flux_data::checkpoint::OptimizerState;
-use flux_model::tp::{all_reduce_grads, Collective, ShardedStore};
+use flux_model::tp::{all_reduce_grads, Collective, GradSync, ShardedStore};
 use tch::Tensor;
 
 use crate::optim::{clip_grad_norm, named_params, AdamW};
+use crate::overlapped_reduce::{OverlapReport, OverlappedReduce};
 use crate::run_config::{ParallelismConfig, Sharding};
 use crate::sections::OptimizationConfig;
 use crate::ShardedAdamW;
 
 /// The optimizer as a training step uses it.
 pub trait DpOptimizer {
+    /// Before each micro-batch's backward; `last` is the step's last, whose backward may start
+    /// summing gradient buckets (`[parallelism] overlap_grad_reduce`).
+    fn before_backward(&mut self, _last: bool) {}
+
+    /// After the step's last backward, before [`ShardedStore::finish_grads`]: wait for the sums
+    /// the backward started and write them into the gradients. When buckets were summed during
+    /// backward, how that overlapped it.
+    fn after_backward(&mut self) -> Option<OverlapReport> {
+        None
+    }
+
     /// Complete this step's gradients of `store` over the data-parallel group (after
     /// [`ShardedStore::finish_grads`]), clip them to a global norm of `max_norm` (0: never) and
     /// return the global L2 norm before clipping (NaN or infinite when a gradient is). A
@@ -71,27 +83,65 @@ pub fn dp_optimizer<'a>(
 ) -> Box<dyn DpOptimizer + 'a> {
     let bucket = parallelism.bucket_elements();
     match parallelism.sharding {
-        Sharding::None => Box::new(Replicated {
-            adamw: AdamW::new(named_params(store), config),
-            dp,
-            bucket,
-        }),
+        Sharding::None => {
+            // Gradients summed over the tensor-parallel group by `finish_grads` are summed over
+            // the data-parallel group after it, as without overlap, so that the two sums round
+            // in the same order; every other gradient during backward.
+            let overlapped = parallelism.overlap_grad_reduce && dp.size() > 1;
+            let (late, early) = match overlapped {
+                false => (store.vs.trainable_variables(), Vec::new()),
+                true => {
+                    let vars = store.vs.variables();
+                    let (late, early): (Vec<_>, Vec<_>) = store
+                        .param_specs()
+                        .iter()
+                        .map(|s| (s, vars[&s.name].shallow_clone()))
+                        .filter(|(_, v)| v.requires_grad())
+                        .partition(|(s, _)| s.grad_sync == GradSync::SumOverGroup);
+                    let vars = |p: Vec<(_, Tensor)>| p.into_iter().map(|(_, v)| v).collect();
+                    (vars(late), vars(early))
+                }
+            };
+            let overlap = overlapped.then(|| OverlappedReduce::new(early, dp, bucket));
+            Box::new(Replicated {
+                adamw: AdamW::new(named_params(store), config),
+                dp,
+                bucket,
+                overlap,
+                late,
+            })
+        }
         Sharding::Optimizer => Box::new(ShardedAdamW::new(store, config, dp, bucket)),
     }
 }
 
-/// Plain data parallelism: gradients all-reduced in flat buckets, every replica updates every
-/// weight with the whole optimizer state.
+/// Plain data parallelism: gradients all-reduced in flat buckets (during backward under
+/// `overlap_grad_reduce`), every replica updates every weight with the whole optimizer state.
 pub struct Replicated<'a> {
     adamw: AdamW,
     dp: &'a dyn Collective,
     /// Largest all-reduce, in elements.
     bucket: usize,
+    /// The buckets summed during backward, under `overlap_grad_reduce`.
+    overlap: Option<OverlappedReduce<'a>>,
+    /// The parameters whose gradients are summed after backward: all, or under overlap those
+    /// `finish_grads` sums over the tensor-parallel group first.
+    late: Vec<Tensor>,
 }
 
 impl DpOptimizer for Replicated<'_> {
+    fn before_backward(&mut self, last: bool) {
+        if let Some(overlap) = &mut self.overlap {
+            overlap.arm(last);
+        }
+    }
+
+    fn after_backward(&mut self) -> Option<OverlapReport> {
+        self.overlap.as_mut().map(OverlappedReduce::finish)
+    }
+
     fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64 {
-        all_reduce_grads(&store.vs.trainable_variables(), self.dp, 1.0, self.bucket);
+        all_reduce_grads(&self.late, self.dp, 1.0, self.bucket);
         clip_grad_norm(store, max_norm)
     }
 

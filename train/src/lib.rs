@@ -1,8 +1,9 @@
 //! # flux-train
 //!
 //! Flow-matching training for flux-hpc: the run configuration, noise and loss utilities, timestep
-//! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, and the
-//! data-parallel training loop.
+//! samplers, the flow-matching scheduler and samplers, AdamW with f32 master weights, the
+//! data-parallel training loop, and what a run shows while it trains (sample grids,
+//! TensorBoard).
 
 mod adapter_file;
 mod base_weights;
@@ -14,15 +15,20 @@ mod fused_adamw;
 mod lora_run;
 pub mod loss;
 pub mod metrics;
+mod monitoring;
 pub mod noise;
 pub mod optim;
+mod overlapped_reduce;
 mod resume;
 mod run_config;
+mod run_log;
+mod sample_grid;
 pub mod sampling;
 pub mod scheduler;
 mod sections;
 mod sharded_adamw;
 pub mod step_data;
+pub mod tensorboard;
 pub mod timesteps;
 mod trainer;
 
@@ -32,8 +38,12 @@ pub use cadence::{AfterStep, Cadence};
 pub use data_parallel::{dp_optimizer, DpOptimizer, Replicated};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use lora_run::{LoraFormat, LoraRun};
+pub use monitoring::{LoggingConfig, SamplingConfig};
+pub use overlapped_reduce::{OverlapReport, OverlappedReduce};
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError, Sharding};
+pub use run_log::{LogError, RunLog, TENSORBOARD_DIR};
+pub use sample_grid::{encode_prompts, latent_size, SampleGrid, SAMPLES_DIR};
 pub use sections::{
     CheckpointConfig, CheckpointFormat, DataConfig, DataSourceKind, LoraConfig, LrSchedule,
     NonFinitePolicy, OptimizationConfig, Precision, TrainingConfig,

@@ -31,8 +31,36 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Peak resident memory of this process, MiB.
     pub peak_memory_mib: f64,
+    /// Under `[parallelism] overlap_grad_reduce`: seconds between the first gradient bucket's
+    /// all-reduce starting and backward ending (how long communication ran beside compute).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub grad_reduce_overlap_s: Option<f64>,
     /// Seconds since training started.
     pub elapsed_s: f64,
+}
+
+impl StepRecord {
+    /// The record as TensorBoard scalars `(tag, value)`: losses under `train/` and `eval/`,
+    /// the optimizer's under `train/`, speed and memory under `perf/`. The step-0 record (an
+    /// evaluation before training) gives its held-out loss only.
+    pub fn scalars(&self) -> Vec<(&'static str, f64)> {
+        let mut out: Vec<(&'static str, f64)> = self
+            .eval_loss
+            .map(|l| ("eval/loss", l))
+            .into_iter()
+            .collect();
+        if let Some(loss) = self.loss {
+            out.extend([
+                ("train/loss", loss),
+                ("train/lr", self.lr),
+                ("train/grad_norm", self.grad_norm),
+                ("perf/samples_per_s", self.samples_per_s),
+                ("perf/tokens_per_s", self.tokens_per_s),
+                ("perf/peak_memory_mib", self.peak_memory_mib),
+            ]);
+        }
+        out
+    }
 }
 
 /// Appends records to `metrics.jsonl`.

@@ -8,6 +8,9 @@
 //! [data]           # where latents come from
 //! [checkpoint]     # the run directory
 //! [lora]           # optional: train low-rank adapters on a frozen base
+//! [logging]        # optional: TensorBoard event files
+//! [sampling]       # optional: PNG grids of fixed prompts and seeds while training
+//! [slurm]          # optional: how `flux-hpc sbatch` submits the run
 //! ```
 //!
 //! Unknown tables or keys are errors; `--set table.key=value` overrides are applied to the TOML
@@ -18,6 +21,7 @@ use std::path::Path;
 use flux_cluster::slurm::SlurmConfig;
 use flux_model::{ConfigError, ModelSpec};
 
+use crate::monitoring::{LoggingConfig, SamplingConfig};
 use crate::sections::{
     CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, TrainingConfig,
 };
@@ -49,6 +53,10 @@ pub struct ParallelismConfig {
     /// Largest bucket of gradients reduced over the data-parallel group in one collective, MiB
     /// of f32 (a larger parameter is a bucket alone). Also the largest buffer the reduction adds.
     pub bucket_mib: f64,
+    /// Sum gradient buckets over the data-parallel group while backward runs (non-blocking
+    /// all-reduces started as each bucket's gradients are complete) instead of after it.
+    /// `sharding = "none"` only.
+    pub overlap_grad_reduce: bool,
     /// Longest wait, in seconds, of any collective for its peers before the job is ended with an
     /// error naming the waiting rank (a rank that hangs or is stopped must not hold the job
     /// forever). Generous by default: a unified checkpoint of a large model is written by one
@@ -63,6 +71,7 @@ impl Default for ParallelismConfig {
             pipeline_parallel_size: 1,
             sharding: Sharding::None,
             bucket_mib: 100.0,
+            overlap_grad_reduce: false,
             collective_timeout_s: 1800,
         }
     }
@@ -89,6 +98,13 @@ impl ParallelismConfig {
             return Err(ConfigError::new(
                 "bucket_mib",
                 format!("must hold at least one f32 value, got {}", self.bucket_mib),
+            ));
+        }
+        if self.overlap_grad_reduce && self.sharding != Sharding::None {
+            return Err(ConfigError::new(
+                "overlap_grad_reduce",
+                "overlaps plain data parallelism's all-reduces (sharding = \"none\"); the \
+                 sharded optimizer reduces after backward",
             ));
         }
         if self.collective_timeout_s == 0 {
@@ -136,6 +152,12 @@ pub struct RunConfig {
     /// `[lora]`: adapters to train instead of the whole model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
+    /// `[logging]`: TensorBoard.
+    #[serde(default)]
+    pub logging: LoggingConfig,
+    /// `[sampling]`: sample grids while training.
+    #[serde(default)]
+    pub sampling: SamplingConfig,
 }
 
 /// Why a run config could not be used; every variant names the file and, where known, the field.
@@ -255,6 +277,7 @@ impl RunConfig {
                 },
             )?;
         }
+        self.sampling.validate().map_err(|e| e.within("sampling"))?;
         self.slurm.validate().map_err(|e| e.within("slurm"))
     }
 }

@@ -20,8 +20,10 @@ use crate::ema::Ema;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::learning_rate;
+use crate::overlapped_reduce::OverlapReport;
 use crate::resume::check_architecture;
 use crate::run_config::Sharding;
+use crate::sampling::{generate, Conditioning, OdeSettings};
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
 use crate::step_data::{step_data, CfgDropout, NoiseLevels, StepData};
@@ -43,6 +45,8 @@ pub struct StepStats {
     /// The loss or gradient norm was not finite and `[training] nonfinite = "skip"` dropped the
     /// update.
     pub skipped: bool,
+    /// Under `[parallelism] overlap_grad_reduce`: how the gradient sums overlapped backward.
+    pub overlap: Option<OverlapReport>,
 }
 
 /// What this rank saw in a step whose loss or gradient norm was not finite.
@@ -318,9 +322,11 @@ impl<'a> Trainer<'a> {
             // replicas is the loss of the whole batch.
             let loss =
                 self.loss_of(&d, true) * (t.micro_batch_size as f64 / t.global_batch_size as f64);
+            self.optimizer.before_backward(m + 1 == plan.micro_steps());
             loss.backward();
             local_loss += loss.double_value(&[]);
         }
+        let overlap = self.optimizer.after_backward();
         self.trained().finish_grads();
         let trained = self
             .adapters
@@ -375,6 +381,7 @@ impl<'a> Trainer<'a> {
             seconds: start.elapsed().as_secs_f64(),
             tokens_per_sample,
             skipped,
+            overlap,
         })
     }
 
@@ -390,6 +397,30 @@ impl<'a> Trainer<'a> {
             })
             .map(|spec| spec.name.clone())
             .collect()
+    }
+
+    /// Latents integrated from noise `start` `[B, C, H, W]` with the current weights (adapters
+    /// in eval mode), as [`generate`] does; every rank of the tensor-parallel group calls it
+    /// together.
+    pub fn sample(
+        &self,
+        start: tch::Tensor,
+        cond: &Conditioning,
+        negative: Option<&Conditioning>,
+        settings: &OdeSettings,
+    ) -> tch::Tensor {
+        if let Some(adapters) = &self.adapters {
+            adapters.set_training(false);
+        }
+        let inputs = self.run.model.inputs();
+        generate(
+            self.model.as_ref(),
+            &inputs,
+            start,
+            cond,
+            negative,
+            settings,
+        )
     }
 
     /// Mean flow-matching loss on the held-out set (fixed samples, fixed noise, σ = (i mod 8)/8),

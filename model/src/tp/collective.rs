@@ -17,6 +17,15 @@ pub trait Collective {
     /// a `1 / size()` share of an all-reduce's traffic.
     fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]);
 
+    /// Start replacing `data` by its elementwise sum over the group and return at once where
+    /// the group can (MPI's non-blocking all-reduce), so that computation goes on while the sum
+    /// travels; the default sums before returning. Every rank of the group must start the same
+    /// sums in the same order.
+    fn start_all_reduce_sum(&self, mut data: Vec<f32>) -> Box<dyn PendingSum + '_> {
+        self.all_reduce_sum(&mut data);
+        Box::new(Finished(data))
+    }
+
     /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
     /// failure anywhere, so all can stop together instead of one leaving the others in a
     /// collective.
@@ -24,6 +33,29 @@ pub trait Collective {
         let mut flag = [if failed { 1.0f32 } else { 0.0 }];
         self.all_reduce_sum(&mut flag);
         flag[0] as u32
+    }
+}
+
+/// A sum started by [`Collective::start_all_reduce_sum`].
+pub trait PendingSum {
+    /// Let the sum progress without blocking (MPI moves a non-blocking collective along only
+    /// inside its calls); whether it has finished.
+    fn test(&mut self) -> bool;
+    /// Wait for the sum and return it.
+    fn wait(self: Box<Self>) -> Vec<f32>;
+}
+
+/// A sum that was finished when it was started.
+#[derive(Debug)]
+pub struct Finished(pub Vec<f32>);
+
+impl PendingSum for Finished {
+    fn test(&mut self) -> bool {
+        true
+    }
+
+    fn wait(self: Box<Self>) -> Vec<f32> {
+        self.0
     }
 }
 

@@ -17,7 +17,7 @@ mod param;
 mod spec;
 mod store;
 
-pub use collective::{Collective, SingleRank};
+pub use collective::{Collective, Finished, PendingSum, SingleRank};
 pub use context::{CollectiveCounts, TpContext};
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};
 pub use grads::{all_reduce_grads, BUCKET_ELEMENTS};
