@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flux_535m at 1024×1024 (4096 image + 512 text tokens) in bf16 on one CUDA GPU: samples/s and
 # model FLOPs utilisation of a training step and of a forward pass, against the same GPU's
-# measured bf16 matmul rate. Runs in well under 5 minutes and prints one table.
+# measured bf16 matmul rate; then the encoders on the GPU (T5 parity in f32 and bf16, `data
+# encode` throughput against diffusers + transformers). Prints a table and two reports.
 #
 #   bash benches/gpu.sh                   # MICRO=8 STEPS=10
 #
@@ -36,3 +37,15 @@ for name, r in (("training step", step), ("forward", forward)):
 print(f"{'bf16 matmul':<14}{'':>10}{'':>11}{rate / 1e12:>9.1f}  (8192², the MFU denominator)")
 print(f"peak host RSS {step['peak_rss_mib']:.0f} MiB")
 PY
+
+# The encoders on the GPU, as `data encode` and `sample` run them there: T5 in f32 and in bf16
+# against transformers' outputs (tests/fixtures/make_text_fixtures.py), then `data encode`
+# against diffusers + transformers with T5 in bf16 on FLUX.1-shaped random encoders.
+if [ ! -f tests/fixtures/data/text/t5_outputs.safetensors ]; then
+    .venv/bin/python tests/fixtures/make_text_fixtures.py tests/fixtures/data/text >/dev/null
+fi
+echo
+echo "T5 encoder on cuda against transformers (bounds: f32 1e-5, bf16 0.1):"
+FLUX_TEST_DEVICE=cuda cargo test --quiet -p flux-encoders --test t5 -- --nocapture 2>&1 |
+    grep -E "max abs error|test result"
+DEVICE=cuda IMAGES=${ENCODE_IMAGES:-32} SIZE=1024 BATCH=8 ROUNDS=2 bash benches/encode.sh
