@@ -1,8 +1,9 @@
-//! Optimizer sharding (`[parallelism] sharding = "optimizer"`, ZeRO-1) under real mpirun: it
-//! trains as plain data parallelism does (gradient clipping active: norms of 4–6 against a clip
-//! of 1), in f32 and in bf16 with f32 masters, with tensor parallelism; its checkpoints
-//! hold whole tensors, so a sharded run resumes unsharded; a run with one replica is refused.
-//! The plain TP2 × DP2 run it is held against overlaps its gradient all-reduces with backward.
+//! Sharded data parallelism under real mpirun: `[parallelism] sharding = "optimizer"` (ZeRO-1)
+//! and `"gradients"` (ZeRO-2) train as plain data parallelism does (gradient clipping active:
+//! norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with tensor
+//! parallelism and gradient accumulation; checkpoints hold whole tensors, so a sharded run
+//! resumes unsharded; a run with one replica is refused. The plain TP2 × DP2 run they are held
+//! against overlaps its gradient all-reduces with backward.
 
 mod common;
 
@@ -20,6 +21,7 @@ const STEPS: [&str; 4] = [
 ];
 
 const SHARDED: &str = "parallelism.sharding=\"optimizer\"";
+const GRADIENTS: &str = "parallelism.sharding=\"gradients\"";
 
 /// Buckets of 64 Ki elements: flux_tiny's 453,584 parameters reduce in 7 buckets and more.
 const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
@@ -45,7 +47,7 @@ fn assert_same_final(a: &Path, b: &Path, file: &str, tolerance: f64) {
 }
 
 #[test]
-fn optimizer_sharding_trains_as_plain_data_parallelism_and_resumes_unsharded() {
+fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_unsharded() {
     let dir = temp_dir("sharding");
     let keys = ["loss", "grad_norm", "eval_loss"];
     // f32: one process against two sharded ranks, stopped after step 3 and resumed as plain DP.
@@ -69,6 +71,25 @@ fn optimizer_sharding_trains_as_plain_data_parallelism_and_resumes_unsharded() {
         .all(|r| r["grad_norm"].as_f64().unwrap() > 1.0));
     for file in ["final.safetensors", "final_ema.safetensors"] {
         assert_same_final(&one, &sharded, file, 1e-5);
+    }
+
+    // f32, gradients sharded at TP2 × DP2, two micro-batches per replica: each backward
+    // reduce-scatters its buckets into the f32 shard (the norm weights the tensor-parallel group
+    // sums in buckets of their own after it).
+    let grads = dir.join("gradients");
+    ok(&train(
+        Some(4),
+        &grads,
+        &with(&[
+            GRADIENTS,
+            SMALL_BUCKETS,
+            "parallelism.tensor_parallel_size=2",
+            "training.micro_batch_size=2",
+        ]),
+    ));
+    assert_same_records(&a, &records(&grads), &keys, 1e-5);
+    for file in ["final.safetensors", "final_ema.safetensors"] {
+        assert_same_final(&one, &grads, file, 1e-5);
     }
 
     // bf16 with f32 masters, TP2 × DP2: sharded against plain at the same layout. The global
@@ -103,6 +124,20 @@ fn optimizer_sharding_trains_as_plain_data_parallelism_and_resumes_unsharded() {
     assert_same_records(&a, &b, &keys, 5e-4);
     assert_same_final(&plain, &sharded, "final.safetensors", 1.0 / 128.0);
     assert_same_final(&plain, &sharded, "final_ema.safetensors", 1e-4);
+
+    // Sharded gradients are summed in f32, where plain data parallelism rounds each replica's
+    // sum to bf16: the first norm moves by ~3e-5 (relative), five steps by ~4e-4.
+    let grads = dir.join("bf16-gradients");
+    ok(&train(
+        Some(4),
+        &grads,
+        &with(&[&bf16[..], &[GRADIENTS]].concat()),
+    ));
+    let c = records(&grads);
+    assert_same_records(&a[..2], &c[..2], &keys, 1e-4);
+    assert_same_records(&a, &c, &keys, 1e-3);
+    assert_same_final(&plain, &grads, "final.safetensors", 1.0 / 128.0);
+    assert_same_final(&plain, &grads, "final_ema.safetensors", 1e-3);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

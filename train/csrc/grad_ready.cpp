@@ -42,4 +42,7 @@ void flux_clear_grad_ready_hook(at::Tensor* param) {
   torch::autograd::impl::set_post_acc_grad_hooks(*param, nullptr);
 }
 
+// Drop `param`'s gradient (Python's `param.grad = None`); allowed inside its own hook.
+void flux_free_grad(at::Tensor* param) { param->mutable_grad().reset(); }
+
 }  // extern "C"

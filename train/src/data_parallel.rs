@@ -1,14 +1,15 @@
 //! How the optimizer's work is divided over the data-parallel group: [`Replicated`] (every
 //! replica sums all gradients and updates every weight) or [`crate::ShardedAdamW`] (each replica
-//! updates its share, `[parallelism] sharding = "optimizer"`). The training loop drives both
-//! through [`DpOptimizer`].
+//! updates its share, `[parallelism] sharding = "optimizer"`, and keeps only its share of the
+//! gradients, `"gradients"`). The training loop drives both through [`DpOptimizer`].
 
 use flux_data::checkpoint::OptimizerState;
 use flux_model::tp::{all_reduce_grads, Collective, GradSync, ShardedStore};
 use tch::Tensor;
 
+use crate::grad_hooks::OverlapReport;
 use crate::optim::{clip_grad_norm, named_params, AdamW};
-use crate::overlapped_reduce::{OverlapReport, OverlappedReduce};
+use crate::overlapped_reduce::OverlappedReduce;
 use crate::run_config::{ParallelismConfig, Sharding};
 use crate::sections::OptimizationConfig;
 use crate::ShardedAdamW;
@@ -16,13 +17,14 @@ use crate::ShardedAdamW;
 /// The optimizer as a training step uses it.
 pub trait DpOptimizer {
     /// Before each micro-batch's backward; `last` is the step's last, whose backward may start
-    /// summing gradient buckets (`[parallelism] overlap_grad_reduce`).
+    /// summing gradient buckets (`[parallelism] overlap_grad_reduce`; every backward reduces
+    /// under `sharding = "gradients"`).
     fn before_backward(&mut self, _last: bool) {}
 
-    /// After the step's last backward, before [`ShardedStore::finish_grads`]: wait for the sums
-    /// the backward started and write them into the gradients. When buckets were summed during
-    /// backward, how that overlapped it.
-    fn after_backward(&mut self) -> Option<OverlapReport> {
+    /// After each micro-batch's backward (`last`: the step's last), before
+    /// [`ShardedStore::finish_grads`]: complete the reductions the backward started. After the
+    /// last, when buckets were reduced during backward, how that overlapped it.
+    fn after_backward(&mut self, _last: bool) -> Option<OverlapReport> {
         None
     }
 
@@ -63,6 +65,31 @@ pub trait DpOptimizer {
     /// Bytes this rank holds for the optimizer beyond the weights and their gradients: f32
     /// masters kept apart from the weights, and both moments.
     fn state_bytes(&self) -> u64;
+
+    /// Indices (in `store`'s parameter specs) of the parameters whose gradient, as far as this
+    /// rank holds it after [`DpOptimizer::reduce_and_clip`], has a NaN or an infinity.
+    fn nonfinite_grads(&self, store: &ShardedStore) -> Vec<usize> {
+        nonfinite_param_grads(store)
+    }
+}
+
+/// Indices (in `store`'s parameter specs) of the parameters whose `.grad` has a NaN or an
+/// infinity.
+pub(crate) fn nonfinite_param_grads(store: &ShardedStore) -> Vec<usize> {
+    named_params(store)
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, p))| {
+            let g = p.grad();
+            g.defined() && !all_finite(&g)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Whether every element of `t` is finite.
+pub(crate) fn all_finite(t: &Tensor) -> bool {
+    bool::try_from(t.isfinite().all()).unwrap_or(false)
 }
 
 /// Bytes of the storage of `tensors`.
@@ -111,7 +138,10 @@ pub fn dp_optimizer<'a>(
                 late,
             })
         }
-        Sharding::Optimizer => Box::new(ShardedAdamW::new(store, config, dp, bucket)),
+        Sharding::Optimizer | Sharding::Gradients => {
+            let shard_grads = parallelism.sharding == Sharding::Gradients;
+            Box::new(ShardedAdamW::new(store, config, dp, bucket, shard_grads))
+        }
     }
 }
 
@@ -136,8 +166,11 @@ impl DpOptimizer for Replicated<'_> {
         }
     }
 
-    fn after_backward(&mut self) -> Option<OverlapReport> {
-        self.overlap.as_mut().map(OverlappedReduce::finish)
+    fn after_backward(&mut self, last: bool) -> Option<OverlapReport> {
+        self.overlap
+            .as_mut()
+            .filter(|_| last)
+            .map(OverlappedReduce::finish)
     }
 
     fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64 {

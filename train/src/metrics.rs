@@ -31,8 +31,9 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Peak resident memory of this process, MiB.
     pub peak_memory_mib: f64,
-    /// Under `[parallelism] overlap_grad_reduce`: seconds between the first gradient bucket's
-    /// all-reduce starting and backward ending (how long communication ran beside compute).
+    /// Under `[parallelism] overlap_grad_reduce` or `sharding = "gradients"`: seconds between
+    /// the step's last backward handing its first gradient bucket to an all-reduce (or
+    /// reduce-scatter) and that backward ending (how long communication ran beside compute).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub grad_reduce_overlap_s: Option<f64>,
     /// Seconds since training started.

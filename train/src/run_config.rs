@@ -38,6 +38,10 @@ pub enum Sharding {
     /// AdamW moments of its `1 / dp` of the parameters; gradients are reduce-scattered, each
     /// replica updates its part, and the updated weights are all-gathered.
     Optimizer,
+    /// ZeRO-2: as `Optimizer`, and each replica keeps only the f32 sums of its part's gradients,
+    /// reduce-scattered bucket by bucket while backward runs (every micro-batch), the full
+    /// gradients dropped as soon as their bucket is reduced.
+    Gradients,
 }
 
 /// How the world of ranks is divided.
@@ -48,7 +52,7 @@ pub struct ParallelismConfig {
     pub tensor_parallel_size: i64,
     /// Pipeline stages; diffusion models support only 1, as in Primus.
     pub pipeline_parallel_size: i64,
-    /// What the data-parallel group shards (`"none"` or `"optimizer"`).
+    /// What the data-parallel group shards (`"none"`, `"optimizer"` or `"gradients"`).
     pub sharding: Sharding,
     /// Largest bucket of gradients reduced over the data-parallel group in one collective, MiB
     /// of f32 (a larger parameter is a bucket alone). Also the largest buffer the reduction adds.
@@ -103,8 +107,8 @@ impl ParallelismConfig {
         if self.overlap_grad_reduce && self.sharding != Sharding::None {
             return Err(ConfigError::new(
                 "overlap_grad_reduce",
-                "overlaps plain data parallelism's all-reduces (sharding = \"none\"); the \
-                 sharded optimizer reduces after backward",
+                "overlaps plain data parallelism's all-reduces (sharding = \"none\"); \
+                 sharding = \"optimizer\" reduces after backward, \"gradients\" always during it",
             ));
         }
         if self.collective_timeout_s == 0 {

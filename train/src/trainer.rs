@@ -17,10 +17,10 @@ use crate::base_weights::load_base;
 use crate::data_parallel::{dp_optimizer, DpOptimizer};
 use crate::data_source::DataSource;
 use crate::ema::Ema;
+use crate::grad_hooks::OverlapReport;
 use crate::loss::compute_diffusion_loss;
 use crate::metrics::peak_rss_mib;
 use crate::optim::learning_rate;
-use crate::overlapped_reduce::OverlapReport;
 use crate::resume::check_architecture;
 use crate::run_config::Sharding;
 use crate::sampling::{generate, Conditioning, OdeSettings};
@@ -296,6 +296,7 @@ impl<'a> Trainer<'a> {
         let mut local_loss = 0f64;
         let mut ids = Vec::new();
         let mut tokens_per_sample = 0;
+        let mut overlap = None;
         for m in 0..plan.micro_steps() {
             let counters = plan.micro_batch(plan.next_step_start, m);
             let (samples, sample_ids) = self.data.train_batch(plan, m, self.device)?;
@@ -322,11 +323,12 @@ impl<'a> Trainer<'a> {
             // replicas is the loss of the whole batch.
             let loss =
                 self.loss_of(&d, true) * (t.micro_batch_size as f64 / t.global_batch_size as f64);
-            self.optimizer.before_backward(m + 1 == plan.micro_steps());
+            let last = m + 1 == plan.micro_steps();
+            self.optimizer.before_backward(last);
             loss.backward();
+            overlap = self.optimizer.after_backward(last).or(overlap);
             local_loss += loss.double_value(&[]);
         }
-        let overlap = self.optimizer.after_backward();
         self.trained().finish_grads();
         let trained = self
             .adapters
@@ -385,17 +387,14 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// Names of this rank's parameters whose gradient holds a NaN or an infinity.
+    /// Names of the parameters whose gradient, as far as this rank holds it, has a NaN or an
+    /// infinity (under `sharding = "gradients"`: the summed parts it owns).
     fn nonfinite_grads(&self) -> Vec<String> {
-        let vars = self.trained().vs.variables();
-        self.trained()
-            .param_specs()
-            .iter()
-            .filter(|spec| {
-                let g = vars[&spec.name].grad();
-                g.defined() && !bool::try_from(g.isfinite().all()).unwrap_or(false)
-            })
-            .map(|spec| spec.name.clone())
+        let specs = self.trained().param_specs();
+        self.optimizer
+            .nonfinite_grads(self.trained())
+            .into_iter()
+            .map(|i| specs[i].name.clone())
             .collect()
     }
 

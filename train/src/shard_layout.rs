@@ -1,0 +1,202 @@
+//! How the trained parameters fall into buckets and each bucket into the equal shares the
+//! data-parallel ranks own (`[parallelism] sharding`), and a bucket's gradients reduce-scattered
+//! into the share of this rank.
+//!
+//! Parameters are grouped into buckets of consecutive parameters (`[parallelism] bucket_mib`, a
+//! larger parameter alone); each bucket, laid end to end and padded, is cut into equal contiguous
+//! shares, and data-parallel rank `r` owns share `r` of every bucket.
+
+use std::ops::Range;
+
+use flux_model::tp::Collective;
+use tch::{Device, Kind, Tensor};
+
+/// The part of one parameter in this rank's share of its bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// Index of the parameter.
+    pub(crate) param: usize,
+    /// First element of the part among the parameter's (flattened) elements.
+    pub(crate) in_param: usize,
+    /// Where the part starts in this rank's share of the bucket.
+    pub(crate) in_share: usize,
+    /// Where the part starts in this rank's optimizer state (its parts end to end).
+    pub(crate) in_state: usize,
+    /// Elements in the part.
+    pub(crate) len: usize,
+}
+
+/// Consecutive parameters reduced and gathered together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    /// The parameters, by index.
+    pub(crate) params: Range<usize>,
+    /// Elements per share: the bucket's elements padded to `share · ranks`.
+    pub(crate) share: usize,
+    /// The parts of its parameters this rank owns, in order.
+    pub(crate) segments: Vec<Segment>,
+}
+
+/// How parameters of `numels` elements fall into buckets and shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShardLayout {
+    pub(crate) numels: Vec<usize>,
+    pub(crate) buckets: Vec<Bucket>,
+    /// Elements of this rank's optimizer state (the lengths of all its segments).
+    pub(crate) owned: usize,
+}
+
+impl ShardLayout {
+    /// Parameters of `numels` elements in buckets of at most `cap` elements (a larger parameter
+    /// alone; no bucket holds parameters on both sides of index `split`), each cut into `ranks`
+    /// shares, seen from rank `rank`.
+    pub(crate) fn new(
+        numels: Vec<usize>,
+        cap: usize,
+        ranks: usize,
+        rank: usize,
+        split: usize,
+    ) -> Self {
+        let mut buckets = Vec::new();
+        let mut owned = 0;
+        let mut first = 0;
+        while first < numels.len() {
+            let (mut end, mut total) = (first, 0);
+            while end < numels.len()
+                && (end == first || (total + numels[end] <= cap && end != split))
+            {
+                total += numels[end];
+                end += 1;
+            }
+            let share = total.div_ceil(ranks).max(1);
+            let (lo, hi) = (rank * share, (rank + 1) * share);
+            let mut segments = Vec::new();
+            let mut start = 0;
+            for (param, &n) in numels.iter().enumerate().take(end).skip(first) {
+                let (from, to) = (start.max(lo), (start + n).min(hi));
+                if from < to {
+                    segments.push(Segment {
+                        param,
+                        in_param: from - start,
+                        in_share: from - lo,
+                        in_state: owned,
+                        len: to - from,
+                    });
+                    owned += to - from;
+                }
+                start += n;
+            }
+            buckets.push(Bucket {
+                params: first..end,
+                share,
+                segments,
+            });
+            first = end;
+        }
+        Self {
+            numels,
+            buckets,
+            owned,
+        }
+    }
+
+    pub(crate) fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.buckets.iter().flat_map(|b| b.segments.iter())
+    }
+}
+
+/// `f` run on the elements of `t`, a contiguous f32 CPU tensor that nothing else reads or writes
+/// while `f` runs.
+pub(crate) fn with_elements<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    assert!(t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous());
+    let n = t.numel();
+    // SAFETY: checked above to be `n` contiguous f32 values in host memory; the caller guarantees
+    // no other access while the slice, which does not outlive `f`, exists.
+    f(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) })
+}
+
+/// A zero f32 CPU tensor of `n` elements.
+pub(crate) fn host_zeros(n: usize) -> Tensor {
+    Tensor::zeros([n as i64], (Kind::Float, Device::Cpu))
+}
+
+/// The sum over `dp` of this rank's share of bucket `b`'s gradients (`params[p].grad()` for the
+/// bucket's parameters, zeros where undefined): `[share]` f32 on the CPU, a reduce-scatter.
+pub(crate) fn reduce_scatter_bucket(
+    params: &[Tensor],
+    layout: &ShardLayout,
+    b: &Bucket,
+    dp: &dyn Collective,
+) -> Tensor {
+    let mut flat: Vec<Tensor> = b
+        .params
+        .clone()
+        .map(|p| {
+            let g = params[p].grad();
+            match g.defined() {
+                true => g.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1),
+                false => host_zeros(layout.numels[p]),
+            }
+        })
+        .collect();
+    let total: usize = b.params.clone().map(|p| layout.numels[p]).sum();
+    flat.push(host_zeros(b.share * dp.size() - total));
+    let flat = Tensor::cat(&flat, 0);
+    let summed = host_zeros(b.share);
+    with_elements(&flat, |data| {
+        with_elements(&summed, |out| dp.reduce_scatter_sum(data, out))
+    });
+    summed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(param: usize, in_param: usize, in_share: usize, in_state: usize, len: usize) -> Segment {
+        Segment {
+            param,
+            in_param,
+            in_share,
+            in_state,
+            len,
+        }
+    }
+
+    #[test]
+    fn buckets_are_cut_into_equal_padded_shares_owned_once() {
+        // 3 + 5 + 2 + 9 elements, buckets of at most 10: [3, 5, 2] and [9]; 3 ranks: shares of 4
+        // and 3.
+        let layouts: Vec<ShardLayout> = (0..3)
+            .map(|r| ShardLayout::new(vec![3, 5, 2, 9], 10, 3, r, 4))
+            .collect();
+        let first = &layouts[0].buckets;
+        assert_eq!((first[0].params.clone(), first[0].share), (0..3, 4));
+        assert_eq!((first[1].params.clone(), first[1].share), (3..4, 3));
+        assert_eq!(first[0].segments, [seg(0, 0, 0, 0, 3), seg(1, 0, 3, 3, 1)]);
+        assert_eq!(first[1].segments, [seg(3, 0, 0, 4, 3)]);
+        assert_eq!(layouts[1].buckets[0].segments, [seg(1, 1, 0, 0, 4)]);
+        // The last share of the first bucket is half padding.
+        assert_eq!(layouts[2].buckets[0].segments, [seg(2, 0, 0, 0, 2)]);
+        assert_eq!(layouts[2].buckets[1].segments, [seg(3, 6, 0, 2, 3)]);
+        // Every element of every parameter is owned exactly once.
+        let owned: usize = layouts.iter().map(|l| l.owned).sum();
+        assert_eq!(owned, 19);
+    }
+
+    #[test]
+    fn no_bucket_straddles_the_split() {
+        // Without the split the first bucket would be [3, 5, 2]; split at 2: [3, 5] and [2, 9]
+        // would exceed 10, so [3, 5], [2], [9].
+        let layout = ShardLayout::new(vec![3, 5, 2, 9], 10, 1, 0, 2);
+        let params: Vec<Range<usize>> = layout.buckets.iter().map(|b| b.params.clone()).collect();
+        assert_eq!(params, [0..2, 2..3, 3..4]);
+    }
+
+    #[test]
+    fn more_ranks_than_elements_leave_some_shares_all_padding() {
+        let layout = ShardLayout::new(vec![1], 10, 4, 3, 1);
+        assert_eq!(layout.buckets[0].share, 1);
+        assert_eq!(layout.owned, 0);
+    }
+}

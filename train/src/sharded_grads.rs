@@ -1,0 +1,160 @@
+//! Gradients sharded over the data-parallel group (ZeRO-2, `[parallelism] sharding =
+//! "gradients"`): each replica keeps f32 sums of only the gradient parts it owns.
+//!
+//! Each micro-batch's backward hands every bucket whose gradients are complete (by
+//! [`GradHooks`], in reverse bucket order, about the order backward produces them) to a
+//! reduce-scatter; this rank adds the sum of its share into its `[owned]` f32 gradient shard and
+//! drops the bucket's full gradients at once, so that a replica never holds more than the
+//! buckets backward is still filling. The buckets of parameters that the tensor-parallel group
+//! sums after backward ([`flux_model::tp::ShardedStore::finish_grads`]) are reduced after it.
+
+use flux_model::tp::Collective;
+use tch::{Kind, Tensor};
+
+use crate::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
+use crate::shard_layout::{reduce_scatter_bucket, Bucket, ShardLayout};
+
+/// This rank's share of the summed gradients, and the hooks that fill it during backward.
+pub(crate) struct GradShard<'a> {
+    /// `[owned]` f32: the summed gradients of the parts this rank owns, laid out as the
+    /// optimizer state.
+    sum: Tensor,
+    /// The buckets handed over during backward: all but `late`.
+    hooks: Option<GradHooks<ReduceScatter<'a>>>,
+    /// Buckets (indices into the layout) reduced after `finish_grads`.
+    late: Vec<usize>,
+    /// Whether each parameter got a gradient in this step.
+    got: Vec<bool>,
+}
+
+/// Reduce-scatters each bucket handed over into the shard.
+struct ReduceScatter<'a> {
+    dp: &'a dyn Collective,
+    layout: ShardLayout,
+    /// Layout bucket of each hand-over position.
+    order: Vec<usize>,
+    sum: Tensor,
+    /// Parameters whose gradient a hand-over saw defined since the step began.
+    got: Vec<bool>,
+}
+
+/// Reduce-scatter bucket `b` of `params` and add this rank's share of the sum into the owned
+/// parts of `sum`; then drop the bucket's full gradients, marking in `got` the parameters that
+/// had one.
+fn reduce_into(
+    sum: &Tensor,
+    params: &[Tensor],
+    layout: &ShardLayout,
+    b: &Bucket,
+    dp: &dyn Collective,
+    got: &mut [bool],
+) {
+    let summed = reduce_scatter_bucket(params, layout, b, dp);
+    tch::no_grad(|| {
+        for s in &b.segments {
+            let share = summed.narrow(0, s.in_share as i64, s.len as i64);
+            let _ = sum
+                .narrow(0, s.in_state as i64, s.len as i64)
+                .g_add_(&share.to_device(sum.device()));
+        }
+    });
+    for p in b.params.clone() {
+        if params[p].grad().defined() {
+            got[p] = true;
+            free_grad(&params[p]);
+        }
+    }
+}
+
+impl BucketSink for ReduceScatter<'_> {
+    fn take(&mut self, position: usize, _members: &[usize], params: &[Tensor]) {
+        let b = &self.layout.buckets[self.order[position]];
+        reduce_into(&self.sum, params, &self.layout, b, self.dp, &mut self.got);
+    }
+}
+
+impl<'a> GradShard<'a> {
+    /// The gradient shard of `params` (leaves; those before index `early` are reduced during
+    /// backward, the rest after `finish_grads`) laid out by `layout`, on `device`.
+    pub(crate) fn new(
+        params: &[Tensor],
+        early: usize,
+        layout: &ShardLayout,
+        dp: &'a dyn Collective,
+        device: tch::Device,
+    ) -> Self {
+        let sum = Tensor::zeros([layout.owned as i64], (Kind::Float, device));
+        let (hooked, late): (Vec<usize>, Vec<usize>) =
+            (0..layout.buckets.len()).partition(|&b| layout.buckets[b].params.end <= early);
+        let order: Vec<usize> = hooked.into_iter().rev().collect();
+        let hooks = (!order.is_empty()).then(|| {
+            let buckets = order
+                .iter()
+                .map(|&b| layout.buckets[b].params.clone().collect())
+                .collect();
+            let sink = ReduceScatter {
+                dp,
+                layout: layout.clone(),
+                order,
+                sum: sum.shallow_clone(),
+                got: vec![false; early],
+            };
+            let params = params[..early].iter().map(Tensor::shallow_clone).collect();
+            GradHooks::new(params, buckets, sink)
+        });
+        Self {
+            sum,
+            hooks,
+            late,
+            got: vec![false; params.len()],
+        }
+    }
+
+    /// Before each micro-batch's backward: every backward reduces.
+    pub(crate) fn arm(&mut self) {
+        if let Some(hooks) = &mut self.hooks {
+            hooks.arm(true);
+        }
+    }
+
+    /// After each micro-batch's backward: reduce the buckets it did not complete.
+    pub(crate) fn flush(&mut self) -> Option<OverlapReport> {
+        self.hooks.as_mut().map(GradHooks::flush)
+    }
+
+    /// After `finish_grads`: reduce the late buckets into the shard. Which parameters had a
+    /// gradient this step.
+    pub(crate) fn finish(
+        &mut self,
+        params: &[Tensor],
+        layout: &ShardLayout,
+        dp: &dyn Collective,
+    ) -> Vec<bool> {
+        for &b in &self.late {
+            let bucket = &layout.buckets[b];
+            reduce_into(&self.sum, params, layout, bucket, dp, &mut self.got);
+        }
+        if let Some(hooks) = &self.hooks {
+            hooks.with_sink(|sink, _| {
+                for (got, early) in self.got.iter_mut().zip(&sink.got) {
+                    *got |= early;
+                }
+            });
+        }
+        self.got.clone()
+    }
+
+    /// The `[owned]` f32 gradient sums.
+    pub(crate) fn sum(&self) -> &Tensor {
+        &self.sum
+    }
+
+    /// Clear the sums for the next step.
+    pub(crate) fn zero(&mut self) {
+        let _ = self.sum.zero_();
+        self.got.iter_mut().for_each(|g| *g = false);
+        if let Some(hooks) = &self.hooks {
+            hooks.with_sink(|sink, _| sink.got.iter_mut().for_each(|g| *g = false));
+        }
+    }
+}
