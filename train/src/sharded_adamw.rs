@@ -184,10 +184,10 @@ impl<'a> ShardedAdamW<'a> {
         full
     }
 
-    /// One tensor per segment (this rank's parts) gathered into one f32 tensor per parameter,
-    /// shaped like the parameters, in [`ShardedAdamW::params`]' order: an all-gather per bucket.
-    fn gather_params(&self, parts: &[Tensor]) -> Vec<Tensor> {
-        let mut out = Vec::with_capacity(self.params.len());
+    /// One tensor per segment (this rank's parts) gathered, one bucket at a time (an all-gather
+    /// each): `each(p, value)` gets every parameter `p`'s f32 value, shaped like the parameter,
+    /// in [`ShardedAdamW::params`]' order, while only its bucket's buffer is alive.
+    fn for_each_gathered(&self, parts: &[Tensor], mut each: impl FnMut(usize, Tensor)) {
         let mut at = 0;
         for b in &self.layout.buckets {
             let full = self.gather_bucket(b, &parts[at..at + b.segments.len()]);
@@ -195,14 +195,11 @@ impl<'a> ShardedAdamW<'a> {
             let mut start = 0;
             for p in b.params.clone() {
                 let n = self.layout.numels[p];
-                out.push(
-                    full.narrow(0, start as i64, n as i64)
-                        .view(self.params[p].size().as_slice()),
-                );
+                let value = full.narrow(0, start as i64, n as i64);
+                each(p, value.view(self.params[p].size().as_slice()));
                 start += n;
             }
         }
-        out
     }
 
     /// One view per segment of `[owned]` state tensor `t`.
@@ -297,12 +294,12 @@ impl DpOptimizer for ShardedAdamW<'_> {
                 let hyper = Hyper::adamw(c, lr, decay);
                 fused_adamw(&refs(&masters), &grads, &refs(&m), &refs(&v), &step, hyper);
             }
-            let masters = self.masters();
-            for (param, value) in self.params.iter().zip(self.gather_params(&masters)) {
+            self.for_each_gathered(&self.masters(), |p, value| {
+                let param = &self.params[p];
                 param
                     .shallow_clone()
                     .copy_(&value.to_kind(param.kind()).to_device(param.device()));
-            }
+            });
         });
         self.zero_grad();
     }
@@ -324,14 +321,14 @@ impl DpOptimizer for ShardedAdamW<'_> {
     }
 
     fn per_param(&self, local: &[Tensor]) -> Vec<Tensor> {
-        let mut in_spec_order: Vec<(usize, Tensor)> = self
-            .spec_of
-            .iter()
-            .copied()
-            .zip(self.gather_params(local))
-            .collect();
-        in_spec_order.sort_by_key(|(i, _)| *i);
-        in_spec_order.into_iter().map(|(_, t)| t).collect()
+        let mut in_spec_order: Vec<Option<Tensor>> = (0..self.params.len()).map(|_| None).collect();
+        self.for_each_gathered(local, |p, value| {
+            in_spec_order[self.spec_of[p]] = Some(value)
+        });
+        in_spec_order
+            .into_iter()
+            .map(|t| t.expect("every parameter is in a bucket"))
+            .collect()
     }
 
     fn to_local(&self, per_param: &[Tensor]) -> Vec<Tensor> {
