@@ -110,8 +110,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     let placement = Placement::from_env()?;
     let threads = args.threads.unwrap_or_else(|| placement.threads());
     tch::set_num_threads(threads as i32);
-    let world =
-        ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
+    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes())?;
     let device = args.device.device.resolve(placement.local_rank)?;
     let t = &run.training;
     let inputs = run.model.inputs();
@@ -123,7 +122,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
             &run,
             device,
             world.tp.clone(),
-            world.dp.as_ref(),
+            world.dp_groups(),
         )?))
     } else {
         let model = build_model(&run, device, world.tp.clone())?;

@@ -52,7 +52,7 @@ fn loss(out: &Tensor, target: &Tensor, global_elements: i64) -> Tensor {
 pub fn run(args: CheckParallelArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let tp_size = run.parallelism.tensor_parallel_size as usize;
-    let world = ParallelWorld::init(tp_size)?;
+    let world = ParallelWorld::init(run.parallelism.group_sizes())?;
     let (dp_rank, dp_size) = (world.dp_rank(), world.dp_size());
     if args.batch % dp_size as i64 != 0 {
         bail!(

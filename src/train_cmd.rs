@@ -43,8 +43,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let signals = StopSignals::install(&run.slurm.signal).context("installing signal handlers")?;
     let placement = Placement::from_env()?;
-    let world =
-        ParallelWorld::from_launch(&placement, run.parallelism.tensor_parallel_size as usize)?;
+    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes())?;
     world.bound_collective_waits(Duration::from_secs(run.parallelism.collective_timeout_s));
     tch::set_num_threads(placement.threads() as i32);
     let device = args.device.device.resolve(placement.local_rank)?;
@@ -52,7 +51,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let dir = &run.checkpoint.dir;
     prepare_run_dir(dir, world.world.as_ref())?;
 
-    let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp.as_ref())?;
+    let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp_groups())?;
     let policy = StartPolicy {
         resume: run.checkpoint.resume,
         force: args.force,

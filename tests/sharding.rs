@@ -1,8 +1,8 @@
 //! Sharded data parallelism under real mpirun: `[parallelism] sharding = "optimizer"` (ZeRO-1)
 //! and `"gradients"` (ZeRO-2) train as plain data parallelism does (gradient clipping active:
 //! norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with tensor
-//! parallelism and gradient accumulation; checkpoints hold whole tensors, so a sharded run
-//! resumes unsharded; a run with one replica is refused. The plain TP2 × DP2 run they are held
+//! parallelism, gradient accumulation and shard groups (HSDP); checkpoints hold whole tensors,
+//! so a sharded run resumes unsharded; layouts that cannot shard are refused. The plain TP2 × DP2 run they are held
 //! against overlaps its gradient all-reduces with backward.
 
 mod common;
@@ -92,6 +92,25 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         assert_same_final(&one, &grads, file, 1e-5);
     }
 
+    // HSDP: four replicas in shard groups of two, each level; the groups' shares are summed
+    // across them (two micro-batches per replica).
+    for level in [SHARDED, GRADIENTS] {
+        let hsdp = dir.join("hsdp");
+        ok(&train(
+            Some(4),
+            &hsdp,
+            &with(&[
+                level,
+                SMALL_BUCKETS,
+                "parallelism.shard_group_size=2",
+                "training.micro_batch_size=1",
+            ]),
+        ));
+        assert_same_records(&a, &records(&hsdp), &keys, 1e-5);
+        assert_same_final(&one, &hsdp, "final.safetensors", 1e-5);
+        std::fs::remove_dir_all(hsdp).unwrap();
+    }
+
     // bf16 with f32 masters, TP2 × DP2: sharded against plain at the same layout. The global
     // norm is summed in another order (share by share), which moves it by ~1e-8; the first
     // update's clipped gradients, rounded to bf16, then differ in a few elements, and the
@@ -142,7 +161,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
 }
 
 #[test]
-fn sharding_a_single_replica_is_refused_naming_the_field() {
+fn sharding_layouts_that_cannot_shard_are_refused_on_every_rank() {
     let dir = temp_dir("sharding-one");
     let out = train(None, &dir, &[SHARDED]);
     assert!(!out.status.success());
@@ -152,5 +171,17 @@ fn sharding_a_single_replica_is_refused_naming_the_field() {
         "{stderr}"
     );
     assert!(!dir.join("step_000000001").exists());
+
+    // Shard groups of 3 over 2 replicas: each rank says so and the job ends (mpirun's timeout
+    // would catch a hang).
+    let out = train(
+        Some(2),
+        &dir,
+        &[GRADIENTS, "parallelism.shard_group_size=3"],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let says = "shard_group_size 3 does not divide the 2 data-parallel replicas";
+    assert_eq!(stderr.matches(says).count(), 2, "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -14,6 +14,6 @@ pub mod slurm;
 pub mod watchdog;
 
 pub use device::{DeviceChoice, DeviceError};
-pub use mpi_groups::{LayoutError, MpiGroup, ParallelWorld};
+pub use mpi_groups::{GroupSizes, LayoutError, MpiGroup, ParallelWorld};
 pub use placement::{Placement, PlacementError};
 pub use signals::{StopRequest, StopSignals};

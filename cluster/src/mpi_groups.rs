@@ -1,6 +1,6 @@
 //! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
 
-use flux_model::tp::{Collective, PendingSum, SingleRank, TpContext};
+use flux_model::tp::{Collective, DpGroups, PendingSum, SingleRank, TpContext};
 
 use crate::{watchdog, Placement};
 use mpi::collective::SystemOperation;
@@ -116,6 +116,26 @@ impl Drop for MpiSum {
     }
 }
 
+/// How many ranks the groups of a [`ParallelWorld`] hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupSizes {
+    /// Consecutive ranks per tensor-parallel group (a divisor of the world size).
+    pub tensor_parallel: usize,
+    /// Consecutive data-parallel replicas per shard group (a divisor of the data-parallel size;
+    /// 0: all of them).
+    pub shard_group: usize,
+}
+
+/// The size of the shard groups of a data-parallel group of `dp` replicas asked for as
+/// `requested` (0: all of them).
+fn shard_group(dp: usize, requested: usize) -> Result<usize, LayoutError> {
+    match requested {
+        0 => Ok(dp),
+        g if dp.is_multiple_of(g) => Ok(g),
+        group => Err(LayoutError::ShardGroup { dp, group }),
+    }
+}
+
 /// Why the parallel layout cannot be built. Every rank reaches the same verdict from the same
 /// numbers, before any collective, so a bad layout fails everywhere instead of hanging.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,6 +151,14 @@ pub enum LayoutError {
         /// Requested tensor-parallel size.
         tp: usize,
     },
+    /// The shard group size is not a divisor of the data-parallel size.
+    #[error("shard_group_size {group} does not divide the {dp} data-parallel replicas (world / tensor_parallel_size)")]
+    ShardGroup {
+        /// Data-parallel replicas.
+        dp: usize,
+        /// Requested shard group size.
+        group: usize,
+    },
 }
 
 /// This process' world and its groups. Drop models built on [`ParallelWorld::tp`] before this
@@ -140,6 +168,11 @@ pub struct ParallelWorld {
     pub tp: TpContext,
     /// Data-parallel group: the ranks with this rank's tensor-parallel index.
     pub dp: Box<dyn Collective>,
+    /// Shard group: `shard_group_size` consecutive data-parallel ranks (all of `dp` when the
+    /// size is 0 or `dp`'s).
+    pub dp_shard: Box<dyn Collective>,
+    /// The data-parallel ranks at this rank's position in every shard group.
+    pub dp_across: Box<dyn Collective>,
     /// Every rank.
     pub world: Box<dyn Collective>,
     // Last: dropping the universe finalises MPI, after the communicators are freed.
@@ -161,8 +194,13 @@ impl std::fmt::Debug for ParallelWorld {
 }
 
 impl ParallelWorld {
-    /// Initialise MPI and split the world into groups of `tp_size` consecutive ranks.
-    pub fn init(tp_size: usize) -> Result<Self, LayoutError> {
+    /// Initialise MPI and split the world into tensor-parallel groups and each data-parallel
+    /// group into shard groups, as `sizes` says.
+    pub fn init(sizes: GroupSizes) -> Result<Self, LayoutError> {
+        let GroupSizes {
+            tensor_parallel: tp_size,
+            shard_group: shard_group_size,
+        } = sizes;
         let universe = mpi::initialize().ok_or(LayoutError::Init)?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -172,32 +210,43 @@ impl ParallelWorld {
                 tp: tp_size,
             });
         }
-        let split = |color: usize| {
-            world
+        let dp_size = size / tp_size;
+        let group = shard_group(dp_size, shard_group_size)?;
+        let split = |comm: &SimpleCommunicator, color: usize| {
+            let comm = comm
                 .split_by_color(Color::with_value(color as i32))
-                .expect("every rank has a color")
+                .expect("every rank has a color");
+            Box::new(MpiGroup { comm })
         };
-        let tp = split(rank / tp_size);
-        let dp = split(rank % tp_size);
+        let tp = split(&world, rank / tp_size);
+        let dp = split(&world, rank % tp_size);
+        let dp_rank = dp.rank();
+        let dp_shard = split(&dp.comm, dp_rank / group);
+        let dp_across = split(&dp.comm, dp_rank % group);
         Ok(Self {
-            tp: TpContext::new(Box::new(MpiGroup { comm: tp })),
-            dp: Box::new(MpiGroup { comm: dp }),
+            tp: TpContext::new(tp),
+            dp,
+            dp_shard,
+            dp_across,
             world: Box::new(MpiGroup { comm: world }),
             universe: Some(universe),
         })
     }
 
     /// One process without MPI (no launcher variables were found): every group has one rank.
-    pub fn single(tp_size: usize) -> Result<Self, LayoutError> {
-        if tp_size != 1 {
+    pub fn single(sizes: GroupSizes) -> Result<Self, LayoutError> {
+        if sizes.tensor_parallel != 1 {
             return Err(LayoutError::Indivisible {
                 world: 1,
-                tp: tp_size,
+                tp: sizes.tensor_parallel,
             });
         }
+        shard_group(1, sizes.shard_group)?;
         Ok(Self {
             tp: TpContext::single(),
             dp: Box::new(SingleRank),
+            dp_shard: Box::new(SingleRank),
+            dp_across: Box::new(SingleRank),
             world: Box::new(SingleRank),
             universe: None,
         })
@@ -205,11 +254,20 @@ impl ParallelWorld {
 
     /// MPI when this process was started by a launcher (`placement.source` is not `"single"`),
     /// else [`ParallelWorld::single`].
-    pub fn from_launch(placement: &Placement, tp_size: usize) -> Result<Self, LayoutError> {
+    pub fn from_launch(placement: &Placement, sizes: GroupSizes) -> Result<Self, LayoutError> {
         if placement.source == "single" {
-            Self::single(tp_size)
+            Self::single(sizes)
         } else {
-            Self::init(tp_size)
+            Self::init(sizes)
+        }
+    }
+
+    /// The data-parallel group and its shard groups.
+    pub fn dp_groups(&self) -> DpGroups<'_> {
+        DpGroups {
+            all: self.dp.as_ref(),
+            shard: self.dp_shard.as_ref(),
+            across: self.dp_across.as_ref(),
         }
     }
 

@@ -4,7 +4,7 @@
 //! gradients, `"gradients"`). The training loop drives both through [`DpOptimizer`].
 
 use flux_data::checkpoint::OptimizerState;
-use flux_model::tp::{all_reduce_grads, Collective, GradSync, ShardedStore};
+use flux_model::tp::{all_reduce_grads, Collective, DpGroups, GradSync, ShardedStore};
 use tch::Tensor;
 
 use crate::grad_hooks::OverlapReport;
@@ -100,14 +100,15 @@ pub(crate) fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64
         .sum()
 }
 
-/// The optimizer of `store`'s trainable parameters for data-parallel group `dp`, sharded and
-/// bucketed as `parallelism` says.
+/// The optimizer of `store`'s trainable parameters for data-parallel groups `groups`, sharded
+/// and bucketed as `parallelism` says.
 pub fn dp_optimizer<'a>(
     store: &ShardedStore,
     config: &OptimizationConfig,
     parallelism: &ParallelismConfig,
-    dp: &'a dyn Collective,
+    groups: DpGroups<'a>,
 ) -> Box<dyn DpOptimizer + 'a> {
+    let dp = groups.all;
     let bucket = parallelism.bucket_elements();
     match parallelism.sharding {
         Sharding::None => {
@@ -140,7 +141,13 @@ pub fn dp_optimizer<'a>(
         }
         Sharding::Optimizer | Sharding::Gradients => {
             let shard_grads = parallelism.sharding == Sharding::Gradients;
-            Box::new(ShardedAdamW::new(store, config, dp, bucket, shard_grads))
+            Box::new(ShardedAdamW::new(
+                store,
+                config,
+                groups,
+                bucket,
+                shard_grads,
+            ))
         }
     }
 }

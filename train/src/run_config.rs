@@ -19,6 +19,7 @@
 use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
+use flux_cluster::GroupSizes;
 use flux_model::{ConfigError, ModelSpec};
 
 use crate::monitoring::{LoggingConfig, SamplingConfig};
@@ -54,6 +55,9 @@ pub struct ParallelismConfig {
     pub pipeline_parallel_size: i64,
     /// What the data-parallel group shards (`"none"`, `"optimizer"` or `"gradients"`).
     pub sharding: Sharding,
+    /// Shard within groups of this many consecutive data-parallel replicas and replicate across
+    /// the groups (HSDP: e.g. the ranks of a node); 0 shards over all replicas.
+    pub shard_group_size: u64,
     /// Largest bucket of gradients reduced over the data-parallel group in one collective, MiB
     /// of f32 (a larger parameter is a bucket alone). Also the largest buffer the reduction adds.
     pub bucket_mib: f64,
@@ -74,6 +78,7 @@ impl Default for ParallelismConfig {
             tensor_parallel_size: 1,
             pipeline_parallel_size: 1,
             sharding: Sharding::None,
+            shard_group_size: 0,
             bucket_mib: 100.0,
             overlap_grad_reduce: false,
             collective_timeout_s: 1800,
@@ -82,6 +87,14 @@ impl Default for ParallelismConfig {
 }
 
 impl ParallelismConfig {
+    /// The sizes of the groups the world is split into.
+    pub fn group_sizes(&self) -> GroupSizes {
+        GroupSizes {
+            tensor_parallel: self.tensor_parallel_size as usize,
+            shard_group: self.shard_group_size as usize,
+        }
+    }
+
     /// `bucket_mib` in f32 elements.
     pub fn bucket_elements(&self) -> usize {
         (self.bucket_mib * (1 << 20) as f64 / 4.0) as usize
@@ -109,6 +122,19 @@ impl ParallelismConfig {
                 "overlap_grad_reduce",
                 "overlaps plain data parallelism's all-reduces (sharding = \"none\"); \
                  sharding = \"optimizer\" reduces after backward, \"gradients\" always during it",
+            ));
+        }
+        if self.shard_group_size > 0 && self.sharding == Sharding::None {
+            return Err(ConfigError::new(
+                "shard_group_size",
+                "groups the replicas that shard state; set sharding = \"optimizer\" or \
+                 \"gradients\" (or leave shard_group_size at 0)",
+            ));
+        }
+        if self.shard_group_size == 1 {
+            return Err(ConfigError::new(
+                "shard_group_size",
+                "a group of one replica shards nothing: use 0 (all replicas) or at least 2",
             ));
         }
         if self.collective_timeout_s == 0 {

@@ -149,6 +149,19 @@ pub(crate) fn reduce_scatter_bucket(
     summed
 }
 
+/// Sum `t` (f32, on any device) elementwise over `group`, in place (through host memory).
+pub(crate) fn sum_over(t: &Tensor, group: &dyn Collective) {
+    if group.size() == 1 {
+        return;
+    }
+    if t.device() == Device::Cpu && t.is_contiguous() {
+        return with_elements(t, |data| group.all_reduce_sum(data));
+    }
+    let host = t.to_device(Device::Cpu).contiguous();
+    with_elements(&host, |data| group.all_reduce_sum(data));
+    tch::no_grad(|| t.shallow_clone().copy_(&host));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,13 @@
 //! training (the weights are their own masters) and `12 / dp` with bf16 weights, against 8 and 12
 //! unsharded; `"gradients"` holds `4 / dp` bytes of gradients per parameter after backward
 //! instead of the weights' size; collective buffers are one bucket.
+//!
+//! With `shard_group_size` (HSDP), `dp` is the size of this rank's shard group: the state is
+//! sharded within the group and replicated across groups, each share's reduce-scattered sum
+//! completed by an all-reduce over the ranks holding the same share in the other groups.
 
 use flux_data::checkpoint::OptimizerState;
-use flux_model::tp::{Collective, GradSync, ShardedStore};
+use flux_model::tp::{Collective, DpGroups, GradSync, ShardedStore};
 use tch::{Device, Kind, Tensor};
 
 use crate::data_parallel::{all_finite, bytes_of, nonfinite_param_grads, DpOptimizer};
@@ -24,7 +28,7 @@ use crate::grad_hooks::OverlapReport;
 use crate::optim::{clip_coefficient, named_params};
 use crate::sections::OptimizationConfig;
 use crate::shard_layout::{
-    host_zeros, reduce_scatter_bucket, with_elements, Bucket, Segment, ShardLayout,
+    host_zeros, reduce_scatter_bucket, sum_over, with_elements, Bucket, Segment, ShardLayout,
 };
 use crate::sharded_grads::GradShard;
 
@@ -57,18 +61,22 @@ pub struct ShardedAdamW<'a> {
     exp_avg_sq: Tensor,
     config: OptimizationConfig,
     step: i32,
-    dp: &'a dyn Collective,
+    /// The replicas the state is sharded over.
+    shard: &'a dyn Collective,
+    /// The ranks holding the same share in the other shard groups (HSDP), which sum it.
+    across: &'a dyn Collective,
     /// Under `sharding = "gradients"`: this rank's share of the summed gradients.
     grads: Option<GradShard<'a>>,
 }
 
 impl<'a> ShardedAdamW<'a> {
-    /// Shard the optimizer of `store`'s trainable parameters over `dp`, in buckets of at most
-    /// `bucket` elements; with `shard_grads`, their gradients too.
+    /// Shard the optimizer of `store`'s trainable parameters over `groups.shard` (replicated
+    /// over `groups.across`), in buckets of at most `bucket` elements; with `shard_grads`, their
+    /// gradients too.
     pub fn new(
         store: &ShardedStore,
         config: &OptimizationConfig,
-        dp: &'a dyn Collective,
+        groups: DpGroups<'a>,
         bucket: usize,
         shard_grads: bool,
     ) -> Self {
@@ -94,14 +102,15 @@ impl<'a> ShardedAdamW<'a> {
         let layout = ShardLayout::new(
             params.iter().map(|p| p.numel()).collect(),
             bucket,
-            dp.size(),
-            dp.rank(),
+            groups.shard.size(),
+            groups.shard.rank(),
             early,
         );
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let state = || Tensor::zeros([layout.owned as i64], (Kind::Float, device));
         let tp = store.tp().size() as f64;
-        let grads = shard_grads.then(|| GradShard::new(&params, early, &layout, dp, device));
+        let grads =
+            shard_grads.then(|| GradShard::new(&params, early, &layout, groups.shard, device));
         let sharded = Self {
             decay: params.iter().map(|p| p.dim() >= 2).collect(),
             norm_weight: spec_of
@@ -124,7 +133,8 @@ impl<'a> ShardedAdamW<'a> {
             layout,
             config: config.clone(),
             step: 0,
-            dp,
+            shard: groups.shard,
+            across: groups.across,
         };
         tch::no_grad(|| {
             for s in sharded.layout.segments() {
@@ -177,9 +187,9 @@ impl<'a> ShardedAdamW<'a> {
                 .narrow(0, s.in_share as i64, s.len as i64)
                 .copy_(&part.to_device(Device::Cpu).to_kind(Kind::Float));
         }
-        let full = host_zeros(b.share * self.dp.size());
+        let full = host_zeros(b.share * self.shard.size());
         with_elements(&share, |data| {
-            with_elements(&full, |out| self.dp.all_gather(data, out))
+            with_elements(&full, |out| self.shard.all_gather(data, out))
         });
         full
     }
@@ -226,12 +236,16 @@ impl DpOptimizer for ShardedAdamW<'_> {
     fn reduce_and_clip(&mut self, store: &ShardedStore, max_norm: f64) -> f64 {
         let mut local = 0.0;
         match &mut self.grads {
-            Some(grads) => self.has_grad = grads.finish(&self.params, &self.layout, self.dp),
+            Some(grads) => {
+                self.has_grad = grads.finish(&self.params, &self.layout, self.shard, self.across)
+            }
             None => {
                 self.has_grad = self.params.iter().map(|p| p.grad().defined()).collect();
                 tch::no_grad(|| {
                     for b in &self.layout.buckets {
-                        let summed = reduce_scatter_bucket(&self.params, &self.layout, b, self.dp);
+                        let summed =
+                            reduce_scatter_bucket(&self.params, &self.layout, b, self.shard);
+                        sum_over(&summed, self.across);
                         for s in b.segments.iter().filter(|s| self.has_grad[s.param]) {
                             let share = summed.narrow(0, s.in_share as i64, s.len as i64);
                             self.grad_part(s).copy_(&share);
@@ -249,8 +263,9 @@ impl DpOptimizer for ShardedAdamW<'_> {
                     .sum(Kind::Double)
                     .double_value(&[]);
         }
+        // Every share is summed once within the shard group; the other groups hold the same.
         let mut total = [local as f32];
-        self.dp.all_reduce_sum(&mut total);
+        self.shard.all_reduce_sum(&mut total);
         store.tp().collective().all_reduce_sum(&mut total);
         let norm = (total[0] as f64).sqrt();
         if let Some(coef) = clip_coefficient(norm, max_norm) {

@@ -7,12 +7,14 @@
 //! drops the bucket's full gradients at once, so that a replica never holds more than the
 //! buckets backward is still filling. The buckets of parameters that the tensor-parallel group
 //! sums after backward ([`flux_model::tp::ShardedStore::finish_grads`]) are reduced after it.
+//! Under HSDP the reduce-scatters run within the shard group, and one all-reduce of the shard
+//! over the other groups completes the sums after the step's last backward.
 
 use flux_model::tp::Collective;
 use tch::{Kind, Tensor};
 
 use crate::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
-use crate::shard_layout::{reduce_scatter_bucket, Bucket, ShardLayout};
+use crate::shard_layout::{reduce_scatter_bucket, sum_over, Bucket, ShardLayout};
 
 /// This rank's share of the summed gradients, and the hooks that fill it during backward.
 pub(crate) struct GradShard<'a> {
@@ -122,18 +124,21 @@ impl<'a> GradShard<'a> {
         self.hooks.as_mut().map(GradHooks::flush)
     }
 
-    /// After `finish_grads`: reduce the late buckets into the shard. Which parameters had a
-    /// gradient this step.
+    /// After `finish_grads`: reduce the late buckets into the shard (over `shard`, the group
+    /// the layout shards over) and complete the sums over `across` (the other shard groups).
+    /// Which parameters had a gradient this step.
     pub(crate) fn finish(
         &mut self,
         params: &[Tensor],
         layout: &ShardLayout,
-        dp: &dyn Collective,
+        shard: &dyn Collective,
+        across: &dyn Collective,
     ) -> Vec<bool> {
         for &b in &self.late {
             let bucket = &layout.buckets[b];
-            reduce_into(&self.sum, params, layout, bucket, dp, &mut self.got);
+            reduce_into(&self.sum, params, layout, bucket, shard, &mut self.got);
         }
+        sum_over(&self.sum, across);
         if let Some(hooks) = &self.hooks {
             hooks.with_sink(|sink, _| {
                 for (got, early) in self.got.iter_mut().zip(&sink.got) {

@@ -8,7 +8,7 @@ use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingStat
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
-use flux_model::tp::{Collective, ShardedStore, TpContext};
+use flux_model::tp::{Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
@@ -142,13 +142,15 @@ pub fn build_model(
 
 impl<'a> Trainer<'a> {
     /// Build the model (seeded by `[training] seed`, identical on every rank before sharding), the
-    /// optimizer and the data for this rank of tensor group `tp` and data-parallel group `dp`.
+    /// optimizer and the data for this rank of tensor group `tp` and data-parallel groups
+    /// `groups` (the replicas, and the shard groups sharded state lives in).
     pub fn new(
         run: &RunConfig,
         device: Device,
         tp: TpContext,
-        dp: &'a dyn Collective,
+        groups: DpGroups<'a>,
     ) -> Result<Self, ConfigError> {
+        let dp = groups.all;
         let t = &run.training;
         let replicas = dp.size() as u64;
         if !t
@@ -207,7 +209,7 @@ impl<'a> Trainer<'a> {
             ));
         }
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
-        let optimizer = dp_optimizer(trained, &run.optimization, &run.parallelism, dp);
+        let optimizer = dp_optimizer(trained, &run.optimization, &run.parallelism, groups);
         let ema =
             (t.ema_decay > 0.0).then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.masters()));
         Ok(Self {

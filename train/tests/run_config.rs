@@ -256,6 +256,19 @@ fn training_sections_are_validated_with_their_field_names() {
         err.contains("parallelism.overlap_grad_reduce: overlaps plain data parallelism"),
         "{err}"
     );
+    let err = parse_err("[parallelism]\nshard_group_size = 2\n", &[]);
+    assert!(
+        err.contains("parallelism.shard_group_size: groups the replicas that shard state"),
+        "{err}"
+    );
+    let err = parse_err(
+        "[parallelism]\nsharding = \"gradients\"\nshard_group_size = 1\n",
+        &[],
+    );
+    assert!(
+        err.contains("parallelism.shard_group_size: a group of one replica shards nothing"),
+        "{err}"
+    );
     let err = parse_err("[data]\nbuckets = [\"64x48\", \"64x48\"]\n", &[]);
     assert!(err.contains("data.buckets: 64x48 is listed twice"), "{err}");
     let err = parse_err("[data]\nbuckets = [\"64*48\"]\n", &[]);

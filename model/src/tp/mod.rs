@@ -6,9 +6,11 @@
 //! - [`Linear`], [`RmsNorm`], [`LayerNorm`], [`Embedding`], [`ParamDecl`]: what the macro's
 //!   `#[linear]`, `#[norm]`, `#[embedding]` and `#[param]` fields build.
 //! - [`ShardedStore`]: a rank's parameters with gather, load and gradient completion.
+//! - [`DpGroups`]: the data-parallel group a rank trains in, and its shard groups (HSDP).
 
 mod collective;
 mod context;
+mod dp_groups;
 mod embedding;
 mod grads;
 mod linear;
@@ -19,6 +21,7 @@ mod store;
 
 pub use collective::{Collective, Finished, PendingSum, SingleRank};
 pub use context::{CollectiveCounts, TpContext};
+pub use dp_groups::DpGroups;
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};
 pub use grads::{all_reduce_grads, BUCKET_ELEMENTS};
 pub(crate) use linear::shard_var;
