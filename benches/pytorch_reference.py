@@ -4,7 +4,8 @@ as the same JSON line.
 
     .venv/bin/python benches/pytorch_reference.py step CONFIG [--threads N] [--steps K] [--warmup W]
         [--lora-rank R]
-    .venv/bin/torchrun --nproc-per-node 2 benches/pytorch_reference.py step CONFIG --zero ...
+    .venv/bin/torchrun --nproc-per-node 2 benches/pytorch_reference.py step CONFIG \
+        [--sharding none|optimizer|gradients|full] ...
     .venv/bin/python benches/pytorch_reference.py forward CONFIG [...]
     .venv/bin/python benches/pytorch_reference.py read SHARD.h5 [...]
 
@@ -14,9 +15,12 @@ text and pooled vectors, logit-normal noise levels, the flow-matching target, MS
 gradient clipping and torch.optim.AdamW (its default implementation); with `--lora-rank R`, the
 base frozen and PEFT LoRA adapters of rank R (α = R) on every nn.Linear, as diffusers' LoRA
 training scripts set them up (`requires_grad_(False)`, `add_adapter`). Under torchrun the ranks
-split the global batch as DistributedDataParallel replicas over gloo; with `--zero` AdamW is
-wrapped in ZeroRedundancyOptimizer (each rank keeps the state of its share of the parameters:
-ZeRO-1, what flux-hpc's `sharding = "optimizer"` does). `forward` is one forward
+split the global batch over gloo as flux-hpc's `[parallelism] sharding` levels do: `none`,
+DistributedDataParallel replicas; `optimizer`, DDP with AdamW wrapped in ZeroRedundancyOptimizer
+(each rank keeps the state of its share of the parameters: ZeRO-1); `gradients`, FSDP2's
+`fully_shard` on every transformer block and the root with `reshard_after_forward=False` (the
+weights stay gathered from forward to backward; gradients and optimizer state are sharded:
+ZeRO-2); `full`, the same with `reshard_after_forward=True` (ZeRO-3). `forward` is one forward
 pass under torch.no_grad() on a fixed micro-batch. `read` reads every sample of latent shards
 with h5py, decoding bf16/f16 to float32 as flux-hpc's reader does.
 """
@@ -59,8 +63,9 @@ def diffusers_model(m):
 def optimizer_state_mib(opt):
     """MiB of the optimizer state this rank holds (moments; ZeRO: its share only)."""
     inner = getattr(opt, "optim", opt)
+    local = lambda v: v.to_local() if hasattr(v, "to_local") else v  # FSDP2's DTensors
     return sum(
-        v.numel() * v.element_size()
+        local(v).numel() * v.element_size()
         for state in inner.state.values()
         for v in state.values()
         if torch.is_tensor(v) and v.dim() > 0
@@ -119,13 +124,24 @@ def timed(args):
             eps=o.get("epsilon", 1e-8),
             weight_decay=o.get("weight_decay", 0.01),
         )
-        if getattr(args, "zero", False):
+        sharding = getattr(args, "sharding", "none")
+        if sharding in ("gradients", "full"):
+            from torch.distributed.fsdp import fully_shard
+
+            reshard = sharding == "full"
+            for block in [*model.transformer_blocks, *model.single_transformer_blocks]:
+                fully_shard(block, reshard_after_forward=reshard)
+            fully_shard(model, reshard_after_forward=reshard)
+            trained = [p for p in model.parameters() if p.requires_grad]
+            replica = model
+        else:
+            replica = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+        if sharding == "optimizer":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             opt = ZeroRedundancyOptimizer(trained, optimizer_class=torch.optim.AdamW, **adamw)
         else:
             opt = torch.optim.AdamW(trained, **adamw)
-        replica = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
         clip = o.get("gradient_clip", 1.0)
 
         def work():
@@ -178,8 +194,8 @@ def timed(args):
                 "peak_rss_mib": peak_rss_mib(),
                 "lora_rank": lora_rank,
                 "trained_params_per_rank": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                "sharding": "optimizer" if getattr(args, "zero", False) else "none",
-                # DistributedDataParallel always reduces its 25 MB buckets during backward.
+                "sharding": getattr(args, "sharding", "none"),
+                # DDP always reduces its 25 MB buckets during backward, FSDP2 its blocks.
                 "overlap_grad_reduce": distributed,
                 "bucket_mib": 25.0,
                 "optimizer_state_mib_per_rank": optimizer_state_mib(opt) if train else 0.0,
@@ -237,8 +253,10 @@ def main():
         s.add_argument("--warmup", type=int, default=1)
         if what == "step":
             s.add_argument("--lora-rank", type=int, default=None)
-            s.add_argument("--zero", action="store_true",
-                           help="under torchrun: ZeroRedundancyOptimizer (ZeRO-1)")
+            s.add_argument("--sharding", choices=["none", "optimizer", "gradients", "full"],
+                           default="none",
+                           help="under torchrun: DDP, DDP + ZeroRedundancyOptimizer (ZeRO-1), "
+                                "FSDP2 keeping weights gathered (ZeRO-2) or resharding (ZeRO-3)")
     r = sub.add_parser("read")
     r.add_argument("paths", nargs="+")
     args = ap.parse_args()

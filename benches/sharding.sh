@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Optimizer sharding (ZeRO-1) side by side: flux-hpc's `[parallelism] sharding = "optimizer"`
-# against plain data parallelism, and PyTorch's ZeroRedundancyOptimizer against plain DDP (gloo),
-# on 2 ranks of one thread each, the same model and global batch (benches/side_by_side.toml,
-# one sample per rank), f32 and (flux-hpc) bf16 with f32 masters. The four configurations are
-# alternated round by round. Prints per-rank optimizer state, rank 0's peak RSS and the median
-# step time.
+# Sharded data parallelism side by side: flux-hpc's `[parallelism] sharding = "optimizer"`
+# (ZeRO-1) and `"gradients"` (ZeRO-2) against plain data parallelism, and PyTorch's
+# ZeroRedundancyOptimizer under DDP and FSDP2 (`fully_shard`, weights kept gathered between
+# forward and backward) against plain DDP, all over gloo or MPI on 2 ranks of one thread each,
+# the same model and global batch (benches/side_by_side.toml, one sample per rank), f32 and
+# (flux-hpc) bf16 with f32 masters. The configurations are alternated round by round. Prints
+# per-rank optimizer state, rank 0's peak RSS and the median step time. flux-hpc reduces in
+# buckets of 25 MiB, DDP's default.
 #
 #   bash benches/sharding.sh              # ROUNDS=3 STEPS=3
 set -euo pipefail
@@ -28,7 +30,8 @@ say() { printf '\033[1m[bench]\033[0m %s\n' "$*" >&2; }
 step=(step "$CONFIG" --threads 1 --steps "$STEPS" --warmup 1)
 flux() {
     "${MPIRUN[@]}" "$BIN" bench "${step[@]}" --device cpu --set training.micro_batch_size=1 \
-        --set "parallelism.sharding=\"$1\"" --set "training.precision=\"$2\"" 2>/dev/null
+        --set "parallelism.sharding=\"$1\"" --set "training.precision=\"$2\"" \
+        --set parallelism.bucket_mib=25 2>/dev/null
 }
 torch() {
     OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc-per-node 2 benches/pytorch_reference.py \
@@ -38,11 +41,14 @@ torch() {
 for round in $(seq "$ROUNDS"); do
     say "round $round/$ROUNDS"
     flux none fp32 >> "$results"
-    torch --zero >> "$results"
+    torch --sharding optimizer >> "$results"
     flux optimizer fp32 >> "$results"
-    torch >> "$results"
+    torch --sharding gradients >> "$results"
+    flux gradients fp32 >> "$results"
+    torch --sharding none >> "$results"
     flux none bf16 >> "$results"
     flux optimizer bf16 >> "$results"
+    flux gradients bf16 >> "$results"
 done
 
 .venv/bin/python benches/sharding_report.py "$results"

@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """The table of benches/sharding.sh: for each implementation and precision, plain data
-parallelism against optimizer sharding on 2 ranks (medians over rounds).
+parallelism against each sharding level on 2 ranks (medians over rounds), and flux-hpc against
+PyTorch at each level.
 
     .venv/bin/python benches/sharding_report.py RESULTS.jsonl
 """
 import json
 import statistics
 import sys
+
+LEVELS = ("none", "optimizer", "gradients", "full")
+# PyTorch's counterpart of each sharding level in benches/pytorch_reference.py.
+TORCH = {"optimizer": "ZeroRedundancyOptimizer", "gradients": "FSDP2 (no reshard)",
+         "full": "FSDP2"}
 
 
 def main():
@@ -22,7 +28,7 @@ def main():
           f"{'step s':>9}{'state':>8}{'RSS':>7}{'time':>7}")
     for impl, precision in sorted({(i, p) for i, p, _ in runs}):
         plain = (impl, precision, "none")
-        for sharding in ("none", "optimizer"):
+        for sharding in LEVELS:
             key = (impl, precision, sharding)
             if key not in runs:
                 continue
@@ -35,12 +41,12 @@ def main():
                           f"{step / med(plain, 'median_s'):>7.2f}")
             print(f"{impl + ' ' + precision:<28}{sharding:>10}{state:>11.1f}{rss:>14.0f}"
                   f"{step:>9.3f}{ratios}")
-    flux, torch = ("flux-hpc", "fp32", "optimizer"), ("pytorch", "fp32", "optimizer")
-    if flux in runs and torch in runs:
-        print(f"flux-hpc / PyTorch ZeRO-1, f32: peak RSS "
-              f"{med(flux, 'peak_rss_mib') / med(torch, 'peak_rss_mib'):.2f}×, step time "
-              f"{med(flux, 'median_s') / med(torch, 'median_s'):.2f}×")
-
+    for sharding in LEVELS[1:]:
+        flux, torch = ("flux-hpc", "fp32", sharding), ("pytorch", "fp32", sharding)
+        if flux in runs and torch in runs:
+            print(f"flux-hpc / PyTorch {TORCH[sharding]}, f32: peak RSS "
+                  f"{med(flux, 'peak_rss_mib') / med(torch, 'peak_rss_mib'):.2f}×, step time "
+                  f"{med(flux, 'median_s') / med(torch, 'median_s'):.2f}×")
 
 if __name__ == "__main__":
     main()

@@ -13,8 +13,8 @@
 # tensor parallelism (2 ranks at TP=2 vs one rank, one thread each); reading a ~200 MB latent shard
 # with flux-hpc's reader vs h5py; LoRA fine-tuning (rank 16 on every linear, base frozen) against
 # full training and against diffusers + PEFT doing the same at the highest thread count; then
-# benches/sharding.sh (optimizer sharding against plain data parallelism and PyTorch's
-# ZeroRedundancyOptimizer). Raw JSON lines are kept in $OUT (default: a temp dir).
+# benches/sharding.sh (optimizer and gradient sharding against plain data parallelism, PyTorch's
+# ZeroRedundancyOptimizer and FSDP2). Raw JSON lines are kept in $OUT (default: a temp dir).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
