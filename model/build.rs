@@ -1,11 +1,15 @@
-//! Build the custom autograd nodes (csrc/: tensor-parallel regions, activation recomputation)
-//! against the libtorch torch-sys links, and embed libtorch's folder in the rpath of this crate's
-//! tests.
+//! Build the custom autograd nodes (csrc/: tensor-parallel regions, activation recomputation,
+//! parameter residency) against the libtorch torch-sys links, and embed libtorch's folder in the
+//! rpath of this crate's tests.
 
 fn main() {
     flux_build::link_libtorch_rpath();
     flux_build::compile_libtorch_cpp(
         "flux_autograd_nodes",
-        &["csrc/tp_regions.cpp", "csrc/recompute.cpp"],
+        &[
+            "csrc/tp_regions.cpp",
+            "csrc/recompute.cpp",
+            "csrc/residency.cpp",
+        ],
     );
 }

@@ -167,6 +167,15 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
             seconds.push(start.elapsed().as_secs_f64());
         }
     }
+    let model_state = match &work {
+        Work::Step(trainer) => trainer.model_state_bytes(),
+        Work::Forward(model, _) => {
+            let weights = model.store().vs.variables().into_values();
+            weights
+                .map(|w| (w.numel() * w.kind().elt_size_in_bytes()) as u64)
+                .sum()
+        }
+    };
     drop(work);
     if world.world.rank() != 0 {
         return Ok(());
@@ -197,6 +206,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "overlap_grad_reduce": run.parallelism.overlap_grad_reduce,
         "bucket_mib": run.parallelism.bucket_mib,
         "optimizer_state_mib_per_rank": optimizer_bytes as f64 / (1 << 20) as f64,
+        // Weights present, gradients and optimizer state after the last step.
+        "model_state_mib_per_rank": model_state as f64 / (1 << 20) as f64,
         "image_tokens": image_tokens,
         "text_tokens": text_tokens,
         "seconds": seconds,

@@ -1,9 +1,9 @@
-//! Sharded data parallelism under real mpirun: `[parallelism] sharding = "optimizer"` (ZeRO-1)
-//! and `"gradients"` (ZeRO-2) train as plain data parallelism does (gradient clipping active:
-//! norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with tensor
-//! parallelism, gradient accumulation and shard groups (HSDP); checkpoints hold whole tensors,
-//! so a sharded run resumes unsharded; layouts that cannot shard are refused. The plain TP2 × DP2 run they are held
-//! against overlaps its gradient all-reduces with backward.
+//! Sharded data parallelism under real mpirun: `[parallelism] sharding = "optimizer"` (ZeRO-1),
+//! `"gradients"` (ZeRO-2) and `"full"` (ZeRO-3) train as plain data parallelism does (gradient
+//! clipping active: norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with
+//! tensor parallelism, gradient accumulation, recomputation and shard groups (HSDP); checkpoints
+//! hold whole tensors, so a run resumes at another level; layouts that cannot shard are refused.
+//! The plain TP2 × DP2 run they are held against overlaps its gradient all-reduces with backward.
 
 mod common;
 
@@ -22,6 +22,7 @@ const STEPS: [&str; 4] = [
 
 const SHARDED: &str = "parallelism.sharding=\"optimizer\"";
 const GRADIENTS: &str = "parallelism.sharding=\"gradients\"";
+const FULL: &str = "parallelism.sharding=\"full\"";
 
 /// Buckets of 64 Ki elements: flux_tiny's 453,584 parameters reduce in 7 buckets and more.
 const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
@@ -50,7 +51,8 @@ fn assert_same_final(a: &Path, b: &Path, file: &str, tolerance: f64) {
 fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_unsharded() {
     let dir = temp_dir("sharding");
     let keys = ["loss", "grad_norm", "eval_loss"];
-    // f32: one process against two sharded ranks, stopped after step 3 and resumed as plain DP.
+    // f32: one process against two ranks with sharded optimizer, stopped after step 3 and
+    // resumed with everything sharded (checkpoints hold whole tensors, whatever the level).
     let (one, sharded) = (dir.join("one"), dir.join("sharded"));
     ok(&train(None, &one, &STEPS));
     ok(&train(
@@ -63,7 +65,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
             "--stop-after 3",
         ]),
     ));
-    ok(&train(Some(2), &sharded, &STEPS));
+    ok(&train(Some(2), &sharded, &with(&[FULL, SMALL_BUCKETS])));
     let a = records(&one);
     assert_same_records(&a, &records(&sharded), &keys, 1e-5);
     assert!(a[1..]
@@ -92,9 +94,27 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         assert_same_final(&one, &grads, file, 1e-5);
     }
 
+    // Weights sharded too, at TP2 × DP2 with layer recomputation: each layer's weights are
+    // gathered before its forward and again before its (recomputing) backward.
+    let full = dir.join("full");
+    ok(&train(
+        Some(4),
+        &full,
+        &with(&[
+            FULL,
+            SMALL_BUCKETS,
+            "parallelism.tensor_parallel_size=2",
+            "training.recompute=true",
+        ]),
+    ));
+    assert_same_records(&a, &records(&full), &keys, 1e-5);
+    for file in ["final.safetensors", "final_ema.safetensors"] {
+        assert_same_final(&one, &full, file, 1e-5);
+    }
+
     // HSDP: four replicas in shard groups of two, each level; the groups' shares are summed
     // across them (two micro-batches per replica).
-    for level in [SHARDED, GRADIENTS] {
+    for level in [SHARDED, GRADIENTS, FULL] {
         let hsdp = dir.join("hsdp");
         ok(&train(
             Some(4),
@@ -157,6 +177,17 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
     assert_same_records(&a, &c, &keys, 1e-3);
     assert_same_final(&plain, &grads, "final.safetensors", 1.0 / 128.0);
     assert_same_final(&plain, &grads, "final_ema.safetensors", 1e-3);
+
+    // Weights sharded: the same sums as gradient sharding, the bf16 weights gathered from the
+    // f32 master shares.
+    let full = dir.join("bf16-full");
+    ok(&train(
+        Some(4),
+        &full,
+        &with(&[&bf16[..], &[FULL]].concat()),
+    ));
+    assert_same_records(&c, &records(&full), &keys, 1e-6);
+    assert_same_final(&grads, &full, "final.safetensors", 0.0);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -171,6 +202,16 @@ fn sharding_layouts_that_cannot_shard_are_refused_on_every_rank() {
         "{stderr}"
     );
     assert!(!dir.join("step_000000001").exists());
+
+    // Under [lora] the trained weights are the adapters: nothing for "full" to shard.
+    let lora = ["lora.rank=4", "lora.targets=[\"*\"]", FULL];
+    let out = train(Some(2), &dir, &lora);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("parallelism.sharding: \"full\" shards the weights a run trains"),
+        "{stderr}"
+    );
 
     // Shard groups of 3 over 2 replicas: each rank says so and the job ends (mpirun's timeout
     // would catch a hang).

@@ -36,6 +36,7 @@ pub mod lora;
 pub mod patchify;
 mod prediction;
 pub mod recompute;
+pub mod residency;
 pub mod tp;
 mod widths;
 

@@ -66,6 +66,22 @@ pub trait DpOptimizer {
     /// masters kept apart from the weights, and both moments.
     fn state_bytes(&self) -> u64;
 
+    /// Bytes this rank holds for gradients apart from the parameters' `.grad` (the shard of
+    /// summed gradients under `sharding = "gradients"` and `"full"`).
+    fn gradient_bytes(&self) -> u64 {
+        0
+    }
+
+    /// The current weights of `store`'s trained parameters (this rank's tensor-parallel shards,
+    /// spec order): the parameters themselves, or under `sharding = "full"` gathered from the
+    /// masters (a collective over the data-parallel group).
+    fn weights(&self, store: &ShardedStore) -> Vec<Tensor> {
+        named_params(store)
+            .into_iter()
+            .map(|(_, t)| t.detach())
+            .collect()
+    }
+
     /// Indices (in `store`'s parameter specs) of the parameters whose gradient, as far as this
     /// rank holds it after [`DpOptimizer::reduce_and_clip`], has a NaN or an infinity.
     fn nonfinite_grads(&self, store: &ShardedStore) -> Vec<usize> {
@@ -139,16 +155,7 @@ pub fn dp_optimizer<'a>(
                 late,
             })
         }
-        Sharding::Optimizer | Sharding::Gradients => {
-            let shard_grads = parallelism.sharding == Sharding::Gradients;
-            Box::new(ShardedAdamW::new(
-                store,
-                config,
-                groups,
-                bucket,
-                shard_grads,
-            ))
-        }
+        level => Box::new(ShardedAdamW::new(store, config, groups, bucket, level)),
     }
 }
 

@@ -30,6 +30,7 @@ mod sections;
 mod shard_layout;
 mod sharded_adamw;
 mod sharded_grads;
+mod sharded_params;
 pub mod step_data;
 pub mod tensorboard;
 pub mod timesteps;

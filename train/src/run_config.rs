@@ -43,6 +43,9 @@ pub enum Sharding {
     /// reduce-scattered bucket by bucket while backward runs (every micro-batch), the full
     /// gradients dropped as soon as their bucket is reduced.
     Gradients,
+    /// ZeRO-3 (FSDP): as `Gradients`, and each layer's weights hold memory only while the layer
+    /// runs (gathered from the f32 master shares before its forward and its backward).
+    Full,
 }
 
 /// How the world of ranks is divided.
@@ -53,7 +56,7 @@ pub struct ParallelismConfig {
     pub tensor_parallel_size: i64,
     /// Pipeline stages; diffusion models support only 1, as in Primus.
     pub pipeline_parallel_size: i64,
-    /// What the data-parallel group shards (`"none"`, `"optimizer"` or `"gradients"`).
+    /// What the data-parallel group shards (`"none"`, `"optimizer"`, `"gradients"`, `"full"`).
     pub sharding: Sharding,
     /// Shard within groups of this many consecutive data-parallel replicas and replicate across
     /// the groups (HSDP: e.g. the ranks of a node); 0 shards over all replicas.
@@ -121,7 +124,8 @@ impl ParallelismConfig {
             return Err(ConfigError::new(
                 "overlap_grad_reduce",
                 "overlaps plain data parallelism's all-reduces (sharding = \"none\"); \
-                 sharding = \"optimizer\" reduces after backward, \"gradients\" always during it",
+                 sharding = \"optimizer\" reduces after backward, \"gradients\" and \"full\" always \
+                 during it",
             ));
         }
         if self.shard_group_size > 0 && self.sharding == Sharding::None {

@@ -48,14 +48,14 @@ pub(crate) struct ShardLayout {
 
 impl ShardLayout {
     /// Parameters of `numels` elements in buckets of at most `cap` elements (a larger parameter
-    /// alone; no bucket holds parameters on both sides of index `split`), each cut into `ranks`
-    /// shares, seen from rank `rank`.
+    /// alone; no bucket holds parameters on both sides of any index in `splits`), each cut into
+    /// `ranks` shares, seen from rank `rank`.
     pub(crate) fn new(
         numels: Vec<usize>,
         cap: usize,
         ranks: usize,
         rank: usize,
-        split: usize,
+        splits: &[usize],
     ) -> Self {
         let mut buckets = Vec::new();
         let mut owned = 0;
@@ -63,7 +63,7 @@ impl ShardLayout {
         while first < numels.len() {
             let (mut end, mut total) = (first, 0);
             while end < numels.len()
-                && (end == first || (total + numels[end] <= cap && end != split))
+                && (end == first || (total + numels[end] <= cap && !splits.contains(&end)))
             {
                 total += numels[end];
                 end += 1;
@@ -149,6 +149,22 @@ pub(crate) fn reduce_scatter_bucket(
     summed
 }
 
+/// Every rank's `parts` of bucket `b` (this rank's, one tensor per segment, any dtype and device),
+/// all-gathered over `group`: the bucket's elements end to end, `[share · ranks]` f32 on the CPU.
+pub(crate) fn gather_bucket(b: &Bucket, parts: &[Tensor], group: &dyn Collective) -> Tensor {
+    let share = host_zeros(b.share);
+    for (s, part) in b.segments.iter().zip(parts) {
+        share
+            .narrow(0, s.in_share as i64, s.len as i64)
+            .copy_(&part.to_device(Device::Cpu).to_kind(Kind::Float));
+    }
+    let full = host_zeros(b.share * group.size());
+    with_elements(&share, |data| {
+        with_elements(&full, |out| group.all_gather(data, out))
+    });
+    full
+}
+
 /// Sum `t` (f32, on any device) elementwise over `group`, in place (through host memory).
 pub(crate) fn sum_over(t: &Tensor, group: &dyn Collective) {
     if group.size() == 1 {
@@ -181,7 +197,7 @@ mod tests {
         // 3 + 5 + 2 + 9 elements, buckets of at most 10: [3, 5, 2] and [9]; 3 ranks: shares of 4
         // and 3.
         let layouts: Vec<ShardLayout> = (0..3)
-            .map(|r| ShardLayout::new(vec![3, 5, 2, 9], 10, 3, r, 4))
+            .map(|r| ShardLayout::new(vec![3, 5, 2, 9], 10, 3, r, &[]))
             .collect();
         let first = &layouts[0].buckets;
         assert_eq!((first[0].params.clone(), first[0].share), (0..3, 4));
@@ -198,17 +214,20 @@ mod tests {
     }
 
     #[test]
-    fn no_bucket_straddles_the_split() {
-        // Without the split the first bucket would be [3, 5, 2]; split at 2: [3, 5] and [2, 9]
-        // would exceed 10, so [3, 5], [2], [9].
-        let layout = ShardLayout::new(vec![3, 5, 2, 9], 10, 1, 0, 2);
-        let params: Vec<Range<usize>> = layout.buckets.iter().map(|b| b.params.clone()).collect();
-        assert_eq!(params, [0..2, 2..3, 3..4]);
+    fn no_bucket_straddles_a_split() {
+        // Without splits the first bucket would be [3, 5, 2]; split at 2: [3, 5] and [2, 9]
+        // would exceed 10, so [3, 5], [2], [9]; split at 1 and 2 as well: [3], [5], [2], [9].
+        let params = |splits: &[usize]| -> Vec<Range<usize>> {
+            let layout = ShardLayout::new(vec![3, 5, 2, 9], 10, 1, 0, splits);
+            layout.buckets.iter().map(|b| b.params.clone()).collect()
+        };
+        assert_eq!(params(&[2]), [0..2, 2..3, 3..4]);
+        assert_eq!(params(&[1, 2]), [0..1, 1..2, 2..3, 3..4]);
     }
 
     #[test]
     fn more_ranks_than_elements_leave_some_shares_all_padding() {
-        let layout = ShardLayout::new(vec![1], 10, 4, 3, 1);
+        let layout = ShardLayout::new(vec![1], 10, 4, 3, &[]);
         assert_eq!(layout.buckets[0].share, 1);
         assert_eq!(layout.owned, 0);
     }

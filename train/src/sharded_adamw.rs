@@ -18,7 +18,10 @@
 //! sharded within the group and replicated across groups, each share's reduce-scattered sum
 //! completed by an all-reduce over the ranks holding the same share in the other groups.
 
+use std::rc::Rc;
+
 use flux_data::checkpoint::OptimizerState;
+use flux_model::residency::{install, Installation};
 use flux_model::tp::{Collective, DpGroups, GradSync, ShardedStore};
 use tch::{Device, Kind, Tensor};
 
@@ -26,11 +29,11 @@ use crate::data_parallel::{all_finite, bytes_of, nonfinite_param_grads, DpOptimi
 use crate::fused_adamw::{fused_adamw, Hyper};
 use crate::grad_hooks::OverlapReport;
 use crate::optim::{clip_coefficient, named_params};
+use crate::run_config::Sharding;
 use crate::sections::OptimizationConfig;
-use crate::shard_layout::{
-    host_zeros, reduce_scatter_bucket, sum_over, with_elements, Bucket, Segment, ShardLayout,
-};
+use crate::shard_layout::{gather_bucket, reduce_scatter_bucket, sum_over, Segment, ShardLayout};
 use crate::sharded_grads::GradShard;
+use crate::sharded_params::{layer_of, ShardedParams};
 
 /// Borrows of every tensor of `ts`.
 fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
@@ -39,6 +42,10 @@ fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
 
 /// AdamW with f32 masters and moments sharded over the data-parallel group.
 pub struct ShardedAdamW<'a> {
+    /// Under `sharding = "full"`: routes the model's layers through `residency` (dropped first).
+    _installed: Option<Installation>,
+    /// Under `sharding = "full"`: which layers' weights are present.
+    residency: Option<Rc<ShardedParams<'a>>>,
     /// The trained parameters (this rank's tensor-parallel shards), contiguous, in spec order
     /// except under gradient sharding with tensor parallelism: those the tensor-parallel group
     /// sums after backward come last.
@@ -54,8 +61,10 @@ pub struct ShardedAdamW<'a> {
     has_grad: Vec<bool>,
     layout: ShardLayout,
     /// `[owned]` f32 masters of the owned parts of parameters that are not f32 (f32 weights are
-    /// their own masters); `None` when every parameter is f32.
+    /// their own masters, except under `"full"`); `None` when every weight is its own master.
     masters: Option<Tensor>,
+    /// Whether f32 weights are their own masters (not under `"full"`: they come and go).
+    weights_are_masters: bool,
     /// `[owned]` AdamW moments of the owned parts.
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
@@ -71,15 +80,17 @@ pub struct ShardedAdamW<'a> {
 
 impl<'a> ShardedAdamW<'a> {
     /// Shard the optimizer of `store`'s trainable parameters over `groups.shard` (replicated
-    /// over `groups.across`), in buckets of at most `bucket` elements; with `shard_grads`, their
-    /// gradients too.
+    /// over `groups.across`), in buckets of at most `bucket` elements; and as `level` says, their
+    /// gradients and the weights themselves.
     pub fn new(
         store: &ShardedStore,
         config: &OptimizationConfig,
         groups: DpGroups<'a>,
         bucket: usize,
-        shard_grads: bool,
+        level: Sharding,
     ) -> Self {
+        let shard_grads = matches!(level, Sharding::Gradients | Sharding::Full);
+        let full = level == Sharding::Full;
         let specs = store.param_specs();
         // Gradients the tensor-parallel group sums after backward are reduced after it, so
         // they go last, in buckets of their own.
@@ -99,19 +110,51 @@ impl<'a> ShardedAdamW<'a> {
             params.iter().all(Tensor::is_contiguous),
             "parameters are contiguous"
         );
+        // Under "full", each layer's weights sit in buckets of their own.
+        let names: Vec<&str> = spec_of.iter().map(|&i| specs[i].name.as_str()).collect();
+        let mut splits = vec![early];
+        if full {
+            let n = names.len();
+            splits.extend((1..n).filter(|&i| layer_of(names[i]) != layer_of(names[i - 1])));
+        }
         let layout = ShardLayout::new(
             params.iter().map(|p| p.numel()).collect(),
             bucket,
             groups.shard.size(),
             groups.shard.rank(),
-            early,
+            &splits,
         );
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let state = || Tensor::zeros([layout.owned as i64], (Kind::Float, device));
         let tp = store.tp().size() as f64;
-        let grads =
-            shard_grads.then(|| GradShard::new(&params, early, &layout, groups.shard, device));
+        let masters = (full || params.iter().any(|p| p.kind() != Kind::Float)).then(state);
+        let residency = full.then(|| {
+            let masters = masters.as_ref().expect("full sharding keeps masters");
+            Rc::new(ShardedParams::new(
+                &params,
+                &names,
+                &layout,
+                masters,
+                groups.shard,
+            ))
+        });
+        let grads = shard_grads.then(|| {
+            GradShard::new(
+                &params,
+                early,
+                &layout,
+                groups.shard,
+                residency.clone(),
+                device,
+            )
+        });
+        // SAFETY: the Rc keeps the value alive and in place; the guard, dropped first, goes
+        // before the optimizer's last Rc.
+        let installed = residency.as_ref().map(|r| unsafe { install(r.as_ref()) });
         let sharded = Self {
+            _installed: installed,
+            residency,
+            weights_are_masters: !full,
             decay: params.iter().map(|p| p.dim() >= 2).collect(),
             norm_weight: spec_of
                 .iter()
@@ -126,7 +169,7 @@ impl<'a> ShardedAdamW<'a> {
             spec_of,
             grads,
             has_grad: vec![true; params.len()],
-            masters: params.iter().any(|p| p.kind() != Kind::Float).then(state),
+            masters,
             exp_avg: state(),
             exp_avg_sq: state(),
             params,
@@ -165,11 +208,25 @@ impl<'a> ShardedAdamW<'a> {
         }
     }
 
-    /// The f32 master of part `s` (a view: of the parameter itself when it is f32).
+    /// The f32 master of part `s` (a view: of the parameter itself when it is f32 and its own
+    /// master).
     fn master(&self, s: &Segment) -> Tensor {
-        match (&self.masters, self.params[s.param].kind()) {
-            (Some(m), kind) if kind != Kind::Float => m.narrow(0, s.in_state as i64, s.len as i64),
+        let own = self.weights_are_masters && self.params[s.param].kind() == Kind::Float;
+        match &self.masters {
+            Some(m) if !own => m.narrow(0, s.in_state as i64, s.len as i64),
             _ => self.part_of_param(s),
+        }
+    }
+
+    /// Whether the optimizer writes bucket `b`'s updated weights (not those of the layers
+    /// `"full"` gathers when they run, which it gives back instead).
+    fn writes_bucket(&self, b: usize) -> bool {
+        match &self.residency {
+            Some(r) if r.is_managed(b) => {
+                r.release_bucket(b);
+                false
+            }
+            _ => true,
         }
     }
 
@@ -178,30 +235,24 @@ impl<'a> ShardedAdamW<'a> {
         t.narrow(0, s.in_state as i64, s.len as i64)
     }
 
-    /// Every rank's `parts` of bucket `b` (one tensor per segment, this rank's), all-gathered:
-    /// the bucket's elements end to end, `[share · ranks]` f32 on the CPU.
-    fn gather_bucket(&self, b: &Bucket, parts: &[Tensor]) -> Tensor {
-        let share = host_zeros(b.share);
-        for (s, part) in b.segments.iter().zip(parts) {
-            share
-                .narrow(0, s.in_share as i64, s.len as i64)
-                .copy_(&part.to_device(Device::Cpu).to_kind(Kind::Float));
-        }
-        let full = host_zeros(b.share * self.shard.size());
-        with_elements(&share, |data| {
-            with_elements(&full, |out| self.shard.all_gather(data, out))
-        });
-        full
-    }
-
     /// One tensor per segment (this rank's parts) gathered, one bucket at a time (an all-gather
-    /// each): `each(p, value)` gets every parameter `p`'s f32 value, shaped like the parameter,
-    /// in [`ShardedAdamW::params`]' order, while only its bucket's buffer is alive.
-    fn for_each_gathered(&self, parts: &[Tensor], mut each: impl FnMut(usize, Tensor)) {
+    /// each, for the buckets `wanted` picks): `each(p, value)` gets every parameter `p`'s f32
+    /// value, shaped like the parameter, in [`ShardedAdamW::params`]' order, while only its
+    /// bucket's buffer is alive.
+    fn for_each_gathered(
+        &self,
+        parts: &[Tensor],
+        wanted: impl Fn(usize) -> bool,
+        mut each: impl FnMut(usize, Tensor),
+    ) {
         let mut at = 0;
-        for b in &self.layout.buckets {
-            let full = self.gather_bucket(b, &parts[at..at + b.segments.len()]);
+        for (i, b) in self.layout.buckets.iter().enumerate() {
+            let parts = &parts[at..at + b.segments.len()];
             at += b.segments.len();
+            if !wanted(i) {
+                continue;
+            }
+            let full = gather_bucket(b, parts, self.shard);
             let mut start = 0;
             for p in b.params.clone() {
                 let n = self.layout.numels[p];
@@ -309,7 +360,8 @@ impl DpOptimizer for ShardedAdamW<'_> {
                 let hyper = Hyper::adamw(c, lr, decay);
                 fused_adamw(&refs(&masters), &grads, &refs(&m), &refs(&v), &step, hyper);
             }
-            self.for_each_gathered(&self.masters(), |p, value| {
+            let wanted = |b| self.writes_bucket(b);
+            self.for_each_gathered(&self.masters(), wanted, |p, value| {
                 let param = &self.params[p];
                 param
                     .shallow_clone()
@@ -337,9 +389,11 @@ impl DpOptimizer for ShardedAdamW<'_> {
 
     fn per_param(&self, local: &[Tensor]) -> Vec<Tensor> {
         let mut in_spec_order: Vec<Option<Tensor>> = (0..self.params.len()).map(|_| None).collect();
-        self.for_each_gathered(local, |p, value| {
-            in_spec_order[self.spec_of[p]] = Some(value)
-        });
+        self.for_each_gathered(
+            local,
+            |_| true,
+            |p, value| in_spec_order[self.spec_of[p]] = Some(value),
+        );
         in_spec_order
             .into_iter()
             .map(|t| t.expect("every parameter is in a bucket"))
@@ -372,8 +426,10 @@ impl DpOptimizer for ShardedAdamW<'_> {
 
     fn load_state(&mut self, state: OptimizerState) {
         tch::no_grad(|| {
-            for (param, &i) in self.params.iter().zip(&self.spec_of) {
-                let value = &state.params[i];
+            let buckets = &self.layout.buckets;
+            let written = (0..buckets.len()).filter(|&b| self.writes_bucket(b));
+            for p in written.flat_map(|b| buckets[b].params.clone()) {
+                let (param, value) = (&self.params[p], &state.params[self.spec_of[p]]);
                 param
                     .shallow_clone()
                     .copy_(&value.to_kind(param.kind()).to_device(param.device()));
@@ -394,6 +450,25 @@ impl DpOptimizer for ShardedAdamW<'_> {
 
     fn state_bytes(&self) -> u64 {
         bytes_of(self.masters.iter().chain([&self.exp_avg, &self.exp_avg_sq]))
+    }
+
+    fn gradient_bytes(&self) -> u64 {
+        bytes_of(self.grads.as_ref().map(GradShard::sum))
+    }
+
+    fn weights(&self, store: &ShardedStore) -> Vec<Tensor> {
+        if self.residency.is_none() {
+            return named_params(store)
+                .into_iter()
+                .map(|(_, t)| t.detach())
+                .collect();
+        }
+        let kinds: Vec<Kind> = named_params(store).iter().map(|(_, t)| t.kind()).collect();
+        self.per_param(&self.masters())
+            .into_iter()
+            .zip(kinds)
+            .map(|(w, kind)| w.to_kind(kind))
+            .collect()
     }
 
     fn nonfinite_grads(&self, store: &ShardedStore) -> Vec<usize> {

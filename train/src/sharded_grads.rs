@@ -13,8 +13,11 @@
 use flux_model::tp::Collective;
 use tch::{Kind, Tensor};
 
+use std::rc::Rc;
+
 use crate::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
 use crate::shard_layout::{reduce_scatter_bucket, sum_over, Bucket, ShardLayout};
+use crate::sharded_params::ShardedParams;
 
 /// This rank's share of the summed gradients, and the hooks that fill it during backward.
 pub(crate) struct GradShard<'a> {
@@ -38,6 +41,8 @@ struct ReduceScatter<'a> {
     sum: Tensor,
     /// Parameters whose gradient a hand-over saw defined since the step began.
     got: Vec<bool>,
+    /// Under `sharding = "full"`: the weights given back once their bucket is reduced.
+    residency: Option<Rc<ShardedParams<'a>>>,
 }
 
 /// Reduce-scatter bucket `b` of `params` and add this rank's share of the sum into the owned
@@ -70,19 +75,25 @@ fn reduce_into(
 
 impl BucketSink for ReduceScatter<'_> {
     fn take(&mut self, position: usize, _members: &[usize], params: &[Tensor]) {
-        let b = &self.layout.buckets[self.order[position]];
+        let index = self.order[position];
+        let b = &self.layout.buckets[index];
         reduce_into(&self.sum, params, &self.layout, b, self.dp, &mut self.got);
+        if let Some(residency) = &self.residency {
+            residency.release_bucket(index);
+        }
     }
 }
 
 impl<'a> GradShard<'a> {
     /// The gradient shard of `params` (leaves; those before index `early` are reduced during
-    /// backward, the rest after `finish_grads`) laid out by `layout`, on `device`.
+    /// backward, the rest after `finish_grads`) laid out by `layout`, on `device`; under
+    /// `sharding = "full"` giving back each bucket's weights through `residency` once reduced.
     pub(crate) fn new(
         params: &[Tensor],
         early: usize,
         layout: &ShardLayout,
         dp: &'a dyn Collective,
+        residency: Option<Rc<ShardedParams<'a>>>,
         device: tch::Device,
     ) -> Self {
         let sum = Tensor::zeros([layout.owned as i64], (Kind::Float, device));
@@ -100,6 +111,7 @@ impl<'a> GradShard<'a> {
                 order,
                 sum: sum.shallow_clone(),
                 got: vec![false; early],
+                residency,
             };
             let params = params[..early].iter().map(Tensor::shallow_clone).collect();
             GradHooks::new(params, buckets, sink)

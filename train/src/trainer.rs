@@ -8,13 +8,14 @@ use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingStat
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
+use flux_model::residency::storage_present;
 use flux_model::tp::{Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
 use crate::adapter_file::read_adapter_file;
 use crate::base_weights::load_base;
-use crate::data_parallel::{dp_optimizer, DpOptimizer};
+use crate::data_parallel::{bytes_of, dp_optimizer, DpOptimizer};
 use crate::data_source::DataSource;
 use crate::ema::Ema;
 use crate::grad_hooks::OverlapReport;
@@ -197,6 +198,13 @@ impl<'a> Trainer<'a> {
             }
         };
         let sharding = run.parallelism.sharding;
+        if sharding == Sharding::Full && adapters.is_some() {
+            return Err(ConfigError::new(
+                "parallelism.sharding",
+                "\"full\" shards the weights a run trains, and under [lora] those are the \
+                 small adapters: use \"gradients\"",
+            ));
+        }
         if sharding != Sharding::None && replicas == 1 {
             return Err(ConfigError::new(
                 "parallelism.sharding",
@@ -250,6 +258,30 @@ impl<'a> Trainer<'a> {
     /// [`DpOptimizer::state_bytes`]).
     pub fn optimizer_state_bytes(&self) -> u64 {
         self.optimizer.state_bytes()
+    }
+
+    /// Bytes this rank holds for the model between steps: the weights whose memory is present
+    /// (all but the layers `sharding = "full"` gives back), gradients, and the optimizer state.
+    pub fn model_state_bytes(&self) -> u64 {
+        let stores = [
+            Some(self.model.store()),
+            self.adapters.as_ref().map(Adapters::store),
+        ];
+        let variables: Vec<tch::Tensor> = stores
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s.vs.variables().into_values())
+            .collect();
+        let present = variables.iter().filter(|v| storage_present(v));
+        let grads: Vec<tch::Tensor> = variables
+            .iter()
+            .map(tch::Tensor::grad)
+            .filter(tch::Tensor::defined)
+            .collect();
+        bytes_of(present)
+            + bytes_of(&grads)
+            + self.optimizer.gradient_bytes()
+            + self.optimizer.state_bytes()
     }
 
     /// Optimizer steps taken.
@@ -560,17 +592,20 @@ impl<'a> Trainer<'a> {
     /// `final_lora_ema.safetensors`).
     pub fn final_weights(&self) -> Vec<(&'static str, Vec<(String, tch::Tensor)>)> {
         let trained = self.trained();
-        let current: HashMap<String, tch::Tensor> =
-            trained.gather_logical(false).into_iter().collect();
-        let averaged = self.ema.as_ref().map(|ema| {
+        let logical = |local: Vec<tch::Tensor>| -> HashMap<String, tch::Tensor> {
             let tp = trained.tp();
             trained
                 .param_specs()
                 .iter()
-                .zip(self.optimizer.per_param(ema.shadows()))
+                .zip(local)
                 .map(|(spec, t)| (spec.name.clone(), tp.gather(spec, &t)))
-                .collect::<HashMap<_, _>>()
-        });
+                .collect()
+        };
+        let current = logical(self.optimizer.weights(trained));
+        let averaged = self
+            .ema
+            .as_ref()
+            .map(|ema| logical(self.optimizer.per_param(ema.shadows())));
         let in_order = |logical: &HashMap<String, tch::Tensor>| -> Vec<(String, tch::Tensor)> {
             trained
                 .param_specs()

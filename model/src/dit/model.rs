@@ -11,7 +11,7 @@ use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::recompute::recompute;
+use crate::residency::run_layer;
 use crate::tp::Linear;
 
 /// DiT's module tree (`x_embedder`, `t_embedder`, `y_embedder`, `blocks.{i}`, `final_layer`).
@@ -70,17 +70,19 @@ impl DitTransformer {
             self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device());
         let c = self.t_embedder.forward(t) + self.y_embedder.forward(y);
         let recomputing = train && self.recompute.get();
-        for block in &self.blocks {
-            tokens = if recomputing {
-                let block = block as *const DitBlock;
-                let out = recompute(&[&tokens, &c], 1, move |x| {
+        for (i, block) in self.blocks.iter().enumerate() {
+            let block = block as *const DitBlock;
+            let out = run_layer(
+                &format!("blocks.{i}"),
+                &[&tokens, &c],
+                1,
+                recomputing,
+                move |x| {
                     // SAFETY: the model outlives the backward pass of any graph it built.
                     vec![unsafe { &*block }.forward(&x[0], &x[1])]
-                });
-                out.into_iter().next().expect("one output")
-            } else {
-                block.forward(&tokens, &c)
-            };
+                },
+            );
+            tokens = out.into_iter().next().expect("one output");
         }
         let out = adaln_continuous(
             &self.final_adaln,

@@ -10,7 +10,7 @@ use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::recompute::recompute;
+use crate::residency::run_layer;
 use crate::tp::{Linear, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
@@ -86,33 +86,26 @@ impl FluxTransformer {
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
         let recomputing = train && self.recompute.get();
-        for layer in &self.joint_layers {
-            (img, txt) = if recomputing {
-                let (block, rope) = (layer as *const DoubleBlock, rope.clone());
-                let out = recompute(&[&img, &txt, &vec], 2, move |x| {
-                    // SAFETY: the model outlives the backward pass of any graph it built.
-                    let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &rope, true);
-                    vec![img, txt]
-                });
-                let [img, txt]: [Tensor; 2] = out.try_into().expect("two outputs");
-                (img, txt)
-            } else {
-                layer.forward(&img, &txt, &vec, &rope, train)
-            };
+        let name = |i: usize| format!("transformer.layers.{i}");
+        for (i, layer) in self.joint_layers.iter().enumerate() {
+            let (block, rope) = (layer as *const DoubleBlock, rope.clone());
+            let out = run_layer(&name(i), &[&img, &txt, &vec], 2, recomputing, move |x| {
+                // SAFETY: the model outlives the backward pass of any graph it built.
+                let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &rope, train);
+                vec![img, txt]
+            });
+            [img, txt] = out.try_into().expect("two outputs");
         }
         let text_len = txt.size()[1];
         let mut x = Tensor::cat(&[txt, img], 1);
-        for layer in &self.single_layers {
-            x = if recomputing {
-                let (block, rope) = (layer as *const SingleBlock, rope.clone());
-                let out = recompute(&[&x, &vec], 1, move |x| {
-                    // SAFETY: the model outlives the backward pass of any graph it built.
-                    vec![unsafe { &*block }.forward(&x[0], &x[1], &rope, true)]
-                });
-                out.into_iter().next().expect("one output")
-            } else {
-                layer.forward(&x, &vec, &rope, train)
-            };
+        let joint = self.joint_layers.len();
+        for (i, layer) in self.single_layers.iter().enumerate() {
+            let (block, rope) = (layer as *const SingleBlock, rope.clone());
+            let out = run_layer(&name(joint + i), &[&x, &vec], 1, recomputing, move |x| {
+                // SAFETY: the model outlives the backward pass of any graph it built.
+                vec![unsafe { &*block }.forward(&x[0], &x[1], &rope, train)]
+            });
+            x = out.into_iter().next().expect("one output");
         }
         let img = x.narrow(1, text_len, rows * cols);
         let out = self.proj_out.forward(&adaln_continuous(

@@ -11,7 +11,7 @@ use crate::embeddings::{EmbedNd, EmbedderDims, TimeStepEmbedder};
 use crate::flux2::{Flux2Config, Flux2SingleTransformerBlock, Flux2TransformerBlock};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::recompute::recompute;
+use crate::residency::run_layer;
 use crate::tp::Linear;
 
 /// Timestep and guidance embedders (`time_guidance_embed`), bias-free.
@@ -149,32 +149,26 @@ impl Flux2Transformer {
                 .forward(&position_ids(b, text_len, rows, cols, latents.device()));
 
         let recomputing = train && self.recompute.get();
-        for block in &self.transformer_blocks {
-            (img, txt) = if recomputing {
-                let (block, rope) = (block as *const Flux2TransformerBlock, rope.clone());
-                let out = recompute(&[&img, &txt, &mod_img, &mod_txt], 2, move |x| {
-                    // SAFETY: the model outlives the backward pass of any graph it built.
-                    let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &x[3], &rope);
-                    vec![img, txt]
-                });
-                let [img, txt]: [Tensor; 2] = out.try_into().expect("two outputs");
-                (img, txt)
-            } else {
-                block.forward(&img, &txt, &mod_img, &mod_txt, &rope)
-            };
+        for (i, block) in self.transformer_blocks.iter().enumerate() {
+            let (block, rope) = (block as *const Flux2TransformerBlock, rope.clone());
+            let name = format!("transformer_blocks.{i}");
+            let inputs = [&img, &txt, &mod_img, &mod_txt];
+            let out = run_layer(&name, &inputs, 2, recomputing, move |x| {
+                // SAFETY: the model outlives the backward pass of any graph it built.
+                let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &x[3], &rope);
+                vec![img, txt]
+            });
+            [img, txt] = out.try_into().expect("two outputs");
         }
         let mut x = Tensor::cat(&[txt, img], 1);
-        for block in &self.single_transformer_blocks {
-            x = if recomputing {
-                let (block, rope) = (block as *const Flux2SingleTransformerBlock, rope.clone());
-                let out = recompute(&[&x, &mod_single], 1, move |x| {
-                    // SAFETY: the model outlives the backward pass of any graph it built.
-                    vec![unsafe { &*block }.forward(&x[0], &x[1], &rope)]
-                });
-                out.into_iter().next().expect("one output")
-            } else {
-                block.forward(&x, &mod_single, &rope)
-            };
+        for (i, block) in self.single_transformer_blocks.iter().enumerate() {
+            let (block, rope) = (block as *const Flux2SingleTransformerBlock, rope.clone());
+            let name = format!("single_transformer_blocks.{i}");
+            let out = run_layer(&name, &[&x, &mod_single], 1, recomputing, move |x| {
+                // SAFETY: the model outlives the backward pass of any graph it built.
+                vec![unsafe { &*block }.forward(&x[0], &x[1], &rope)]
+            });
+            x = out.into_iter().next().expect("one output");
         }
         let img = x.narrow(1, text_len, rows * cols);
         let out = adaln_continuous(

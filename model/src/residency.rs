@@ -1,0 +1,160 @@
+//! Where a layer's parameters live between its uses. Models run each of their layers through
+//! [`run_layer`]; by default it only applies activation recomputation, but a training loop that
+//! shards the parameters themselves (ZeRO-3, `[parallelism] sharding = "full"`) installs a
+//! [`LayerParams`] that gathers a layer's weights just before it runs, gives their memory back
+//! after it, and gathers them again when backward reaches the layer (`csrc/residency.cpp`).
+
+use std::ffi::{c_void, CStr};
+use std::os::raw::c_char;
+use std::sync::Mutex;
+
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+use crate::recompute::recompute;
+
+extern "C" {
+    fn flux_release_storage(t: *mut C_tensor);
+    fn flux_storage_present(t: *mut C_tensor) -> i32;
+    fn flux_fill_storage(t: *mut C_tensor, src: *mut C_tensor) -> i32;
+    fn flux_on_grad(
+        t: *mut C_tensor,
+        f: *mut c_void,
+        handle: *mut c_void,
+        drop: *mut c_void,
+    ) -> i32;
+    fn flux_residency_last_error() -> *const c_char;
+}
+
+/// Give back the memory of `t` (a parameter): its shape, autograd identity and views stay, its
+/// data must not be read until [`fill_storage`].
+pub fn release_storage(t: &Tensor) {
+    // SAFETY: `t` is a live tensor.
+    unsafe { flux_release_storage(t.as_ptr() as *mut C_tensor) }
+}
+
+/// Whether `t`'s memory is present (not given back by [`release_storage`]).
+pub fn storage_present(t: &Tensor) -> bool {
+    // SAFETY: `t` is a live tensor.
+    unsafe { flux_storage_present(t.as_ptr() as *mut C_tensor) != 0 }
+}
+
+/// Allocate `t`'s memory again if it was given back and copy `src` (as many elements, any dtype
+/// and device) into it, invisibly to autograd: graphs that saved `t` still accept it.
+pub fn fill_storage(t: &Tensor, src: &Tensor) {
+    // SAFETY: both are live tensors.
+    let rc =
+        unsafe { flux_fill_storage(t.as_ptr() as *mut C_tensor, src.as_ptr() as *mut C_tensor) };
+    if rc != 0 {
+        // SAFETY: the C++ side keeps the message alive until its next error on this thread.
+        let message = unsafe { CStr::from_ptr(flux_residency_last_error()) }.to_string_lossy();
+        panic!("filling a parameter failed: {message}");
+    }
+}
+
+/// What a training loop that shards parameters does around each layer. `layer` is the
+/// state-dict prefix of the layer's parameters (`transformer.layers.3`).
+pub trait LayerParams {
+    /// Make the layer's parameters present: before its forward pass, and again when backward
+    /// is about to reach it.
+    fn gather(&self, layer: &str);
+    /// The layer's forward pass is done: its parameters may go.
+    fn release(&self, layer: &str);
+}
+
+/// The installed [`LayerParams`], as an address: hooks may run on autograd's threads.
+struct Installed(*const (dyn LayerParams + 'static));
+
+// SAFETY: the address is only dereferenced while `install`'s guard keeps the value alive, by
+// forward and backward passes the installing thread is driving (never concurrently).
+unsafe impl Send for Installed {}
+
+static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
+
+/// Uninstalls the [`LayerParams`] given to [`install`] when dropped.
+pub struct Installation(());
+
+impl Drop for Installation {
+    fn drop(&mut self) {
+        *INSTALLED.lock().expect("residency lock") = None;
+    }
+}
+
+/// Route every [`run_layer`] through `params` until the returned guard is dropped. `params`
+/// must outlive the guard and every graph built while it is installed must be back-propagated
+/// or dropped before the guard goes.
+///
+/// # Safety
+/// The caller keeps `params` alive and unmoved until the guard is dropped.
+pub unsafe fn install(params: &dyn LayerParams) -> Installation {
+    // SAFETY: the lifetime is erased; the caller's promise keeps the address valid while it is
+    // installed.
+    let erased: *const (dyn LayerParams + 'static) = unsafe { std::mem::transmute(params) };
+    *INSTALLED.lock().expect("residency lock") = Some(Installed(erased));
+    Installation(())
+}
+
+/// Run `f` with the installed [`LayerParams`], if any.
+fn with_installed(f: impl FnOnce(&dyn LayerParams)) {
+    let installed = INSTALLED.lock().expect("residency lock");
+    if let Some(Installed(p)) = &*installed {
+        // SAFETY: `install`'s contract keeps it alive while installed.
+        f(unsafe { &**p });
+    }
+}
+
+/// Called by the gradient hook of a layer output: gather that layer again.
+extern "C" fn regather(handle: *mut c_void) {
+    // SAFETY: the handle is the boxed layer name `on_backward` made, alive until `drop_name`.
+    let layer = unsafe { &*(handle as *const String) };
+    with_installed(|p| p.gather(layer));
+}
+
+extern "C" fn drop_name(handle: *mut c_void) {
+    // SAFETY: made by `Box::into_raw` in `on_backward`; libtorch drops each hook once.
+    drop(unsafe { Box::from_raw(handle as *mut String) });
+}
+
+/// Hooks on `outputs` of `layer` that gather its parameters when backward reaches them.
+fn on_backward(layer: &str, outputs: &[Tensor]) {
+    for t in outputs.iter().filter(|t| t.requires_grad()) {
+        let handle = Box::into_raw(Box::new(layer.to_string())) as *mut c_void;
+        // SAFETY: `t` is live; the hook owns `handle` and frees it with `drop_name`.
+        let rc = unsafe {
+            flux_on_grad(
+                t.as_ptr() as *mut C_tensor,
+                regather as *mut c_void,
+                handle,
+                drop_name as *mut c_void,
+            )
+        };
+        debug_assert_eq!(rc, 0, "the output requires a gradient");
+    }
+}
+
+/// Run layer `layer` (its parameters' state-dict prefix) on `inputs`, giving `n_out` outputs:
+/// `f` is the layer's forward pass. With `recompute`, its activations are recomputed in the
+/// backward pass ([`recompute`]; `f` must then be deterministic and everything it refers to must
+/// live until backward). With a [`LayerParams`] installed, its parameters are gathered before
+/// and released after, and gathered again before backward reaches the layer.
+pub fn run_layer(
+    layer: &str,
+    inputs: &[&Tensor],
+    n_out: usize,
+    recomputing: bool,
+    f: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static,
+) -> Vec<Tensor> {
+    let sharded = INSTALLED.lock().expect("residency lock").is_some();
+    if sharded {
+        with_installed(|p| p.gather(layer));
+    }
+    let outputs = match recomputing {
+        true => recompute(inputs, n_out, f),
+        false => f(&inputs.iter().map(|t| t.shallow_clone()).collect::<Vec<_>>()),
+    };
+    if sharded {
+        with_installed(|p| p.release(layer));
+        on_backward(layer, &outputs);
+    }
+    outputs
+}
