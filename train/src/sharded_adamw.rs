@@ -453,7 +453,7 @@ impl DpOptimizer for ShardedAdamW<'_> {
     }
 
     fn gradient_bytes(&self) -> u64 {
-        bytes_of(self.grads.as_ref().map(GradShard::sum))
+        self.grads.as_ref().map_or(0, GradShard::bytes)
     }
 
     fn weights(&self, store: &ShardedStore) -> Vec<Tensor> {

@@ -8,8 +8,10 @@
 //! buckets backward is still filling. The buckets of parameters that the tensor-parallel group
 //! sums after backward ([`flux_model::tp::ShardedStore::finish_grads`]) are reduced after it.
 //! Under HSDP the reduce-scatters run within the shard group, and one all-reduce of the shard
-//! over the other groups completes the sums after the step's last backward.
+//! over the other groups completes the sums after the step's last backward. Between steps the
+//! shard holds no memory (as PyTorch's `zero_grad(set_to_none=True)`).
 
+use flux_model::residency::{fill_storage, release_storage, storage_present};
 use flux_model::tp::Collective;
 use tch::{Kind, Tensor};
 
@@ -57,6 +59,7 @@ fn reduce_into(
     got: &mut [bool],
 ) {
     let summed = reduce_scatter_bucket(params, layout, b, dp);
+    ensure_zeroed(sum);
     tch::no_grad(|| {
         for s in &b.segments {
             let share = summed.narrow(0, s.in_share as i64, s.len as i64);
@@ -70,6 +73,14 @@ fn reduce_into(
             got[p] = true;
             free_grad(&params[p]);
         }
+    }
+}
+
+/// Give `sum` memory again, all zeros, if [`GradShard::zero`] gave it back.
+fn ensure_zeroed(sum: &Tensor) {
+    if !storage_present(sum) {
+        let zero = Tensor::zeros([1], (Kind::Float, sum.device()));
+        fill_storage(sum, &zero.expand([sum.numel() as i64], false));
     }
 }
 
@@ -150,6 +161,7 @@ impl<'a> GradShard<'a> {
             let bucket = &layout.buckets[b];
             reduce_into(&self.sum, params, layout, bucket, shard, &mut self.got);
         }
+        ensure_zeroed(&self.sum);
         sum_over(&self.sum, across);
         if let Some(hooks) = &self.hooks {
             hooks.with_sink(|sink, _| {
@@ -166,9 +178,18 @@ impl<'a> GradShard<'a> {
         &self.sum
     }
 
-    /// Clear the sums for the next step.
+    /// Bytes the sums hold now (none between steps).
+    pub(crate) fn bytes(&self) -> u64 {
+        match storage_present(&self.sum) {
+            true => (self.sum.numel() * 4) as u64,
+            false => 0,
+        }
+    }
+
+    /// Clear the sums for the next step: their memory is given back until the next backward
+    /// reduces into them.
     pub(crate) fn zero(&mut self) {
-        let _ = self.sum.zero_();
+        release_storage(&self.sum);
         self.got.iter_mut().for_each(|g| *g = false);
         if let Some(hooks) = &self.hooks {
             hooks.with_sink(|sink, _| sink.got.iter_mut().for_each(|g| *g = false));
