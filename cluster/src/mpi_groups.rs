@@ -1,6 +1,6 @@
 //! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
 
-use flux_model::tp::{Collective, DpGroups, PendingSum, SingleRank, TpContext};
+use flux_model::tp::{Collective, DpGroups, Pending, SingleRank, TpContext};
 
 use crate::{watchdog, Placement};
 use mpi::collective::SystemOperation;
@@ -53,7 +53,7 @@ impl Collective for MpiGroup {
             .reduce_scatter_block_into(data, out, SystemOperation::sum());
     }
 
-    fn start_all_reduce_sum(&self, data: Vec<f32>) -> Box<dyn PendingSum + '_> {
+    fn start_all_reduce_sum(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
         let mut sum = vec![0f32; data.len()];
         // SAFETY: a constant MPI defines.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -70,38 +70,66 @@ impl Collective for MpiGroup {
                 &mut request,
             );
         }
-        Box::new(MpiSum {
+        Box::new(MpiPending {
             _send: data,
-            sum,
+            result: sum,
+            request,
+            group_size: self.size(),
+        })
+    }
+
+    fn start_all_gather(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
+        let mut out = vec![0f32; data.len() * self.size()];
+        // SAFETY: a constant MPI defines.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `data` (`data.len()` f32) and `out` (`size()` times that) are heap
+        // allocations that move, unread and unwritten, into the returned value, which completes
+        // the request before freeing them.
+        unsafe {
+            ffi::MPI_Iallgather(
+                data.as_ptr().cast(),
+                data.len() as i32,
+                ffi::RSMPI_FLOAT,
+                out.as_mut_ptr().cast(),
+                data.len() as i32,
+                ffi::RSMPI_FLOAT,
+                self.comm.as_raw(),
+                &mut request,
+            );
+        }
+        Box::new(MpiPending {
+            _send: data,
+            result: out,
             request,
             group_size: self.size(),
         })
     }
 }
 
-/// A non-blocking MPI all-reduce in flight, with the buffers it reads and writes.
-struct MpiSum {
+/// A non-blocking MPI collective in flight, with the buffers it reads and writes.
+struct MpiPending {
     _send: Vec<f32>,
-    sum: Vec<f32>,
+    result: Vec<f32>,
     request: ffi::MPI_Request,
     group_size: usize,
 }
 
-impl PendingSum for MpiSum {
+impl Pending for MpiPending {
     fn test(&mut self) -> bool {
         let mut done = 0;
-        // SAFETY: `request` is this sum's (or null once completed, which MPI_Test accepts).
+        // SAFETY: `request` is this collective's (or null once completed, which MPI_Test
+        // accepts).
         unsafe { ffi::MPI_Test(&mut self.request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
         done != 0
     }
 
     fn wait(mut self: Box<Self>) -> Vec<f32> {
         self.complete();
-        std::mem::take(&mut self.sum)
+        std::mem::take(&mut self.result)
     }
 }
 
-impl MpiSum {
+impl MpiPending {
     fn complete(&mut self) {
         let _waiting = watchdog::enter(self.group_size);
         // SAFETY: as in `test`; afterwards the request is null and the buffers free to go.
@@ -109,8 +137,8 @@ impl MpiSum {
     }
 }
 
-impl Drop for MpiSum {
-    /// A sum dropped unwaited still owns buffers MPI writes: wait for it first.
+impl Drop for MpiPending {
+    /// A collective dropped unwaited still owns buffers MPI writes: wait for it first.
     fn drop(&mut self) {
         self.complete();
     }

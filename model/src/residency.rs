@@ -12,6 +12,7 @@ use tch::Tensor;
 use torch_sys::C_tensor;
 
 use crate::recompute::recompute;
+use crate::tp::Pass;
 
 extern "C" {
     fn flux_release_storage(t: *mut C_tensor);
@@ -55,9 +56,9 @@ pub fn fill_storage(t: &Tensor, src: &Tensor) {
 /// What a training loop that shards parameters does around each layer. `layer` is the
 /// state-dict prefix of the layer's parameters (`transformer.layers.3`).
 pub trait LayerParams {
-    /// Make the layer's parameters present: before its forward pass, and again when backward
-    /// is about to reach it.
-    fn gather(&self, layer: &str);
+    /// Make the layer's parameters present: before its forward pass (`Pass::Forward`), and
+    /// again when backward is about to reach it (`Pass::Backward`).
+    fn gather(&self, layer: &str, pass: Pass);
     /// The layer's forward pass is done: its parameters may go.
     fn release(&self, layer: &str);
 }
@@ -107,7 +108,7 @@ fn with_installed(f: impl FnOnce(&dyn LayerParams)) {
 extern "C" fn regather(handle: *mut c_void) {
     // SAFETY: the handle is the boxed layer name `on_backward` made, alive until `drop_name`.
     let layer = unsafe { &*(handle as *const String) };
-    with_installed(|p| p.gather(layer));
+    with_installed(|p| p.gather(layer, Pass::Backward));
 }
 
 extern "C" fn drop_name(handle: *mut c_void) {
@@ -146,7 +147,7 @@ pub fn run_layer(
 ) -> Vec<Tensor> {
     let sharded = INSTALLED.lock().expect("residency lock").is_some();
     if sharded {
-        with_installed(|p| p.gather(layer));
+        with_installed(|p| p.gather(layer, Pass::Forward));
     }
     let outputs = match recomputing {
         true => recompute(inputs, n_out, f),

@@ -5,7 +5,7 @@
 //! whose gradients are complete to a non-blocking all-reduce. Only the last micro-batch's
 //! backward reduces; earlier ones just accumulate.
 
-use flux_model::tp::{Collective, PendingSum};
+use flux_model::tp::{Collective, Pending};
 use tch::{Device, Kind, Tensor};
 
 use crate::grad_hooks::{BucketSink, GradHooks, OverlapReport};
@@ -16,7 +16,7 @@ pub struct OverlappedReduce<'a> {
 }
 
 /// A bucket in flight: the parameters whose gradients it holds, and its sum.
-type InFlight<'a> = (Vec<usize>, Box<dyn PendingSum + 'a>);
+type InFlight<'a> = (Vec<usize>, Box<dyn Pending + 'a>);
 
 /// Starts each bucket's all-reduce and writes the sums back as they arrive.
 struct AllReduce<'a> {

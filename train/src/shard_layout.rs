@@ -149,17 +149,29 @@ pub(crate) fn reduce_scatter_bucket(
     summed
 }
 
-/// Every rank's `parts` of bucket `b` (this rank's, one tensor per segment, any dtype and device),
-/// all-gathered over `group`: the bucket's elements end to end, `[share · ranks]` f32 on the CPU.
-pub(crate) fn gather_bucket(b: &Bucket, parts: &[Tensor], group: &dyn Collective) -> Tensor {
+/// This rank's `parts` of bucket `b` (one tensor per segment, any dtype and device) laid out as
+/// its share: `[share]` f32 on the CPU, zero where the share is padding.
+pub(crate) fn local_share(b: &Bucket, parts: &[Tensor]) -> Tensor {
     let share = host_zeros(b.share);
     for (s, part) in b.segments.iter().zip(parts) {
         share
             .narrow(0, s.in_share as i64, s.len as i64)
             .copy_(&part.to_device(Device::Cpu).to_kind(Kind::Float));
     }
-    let full = host_zeros(b.share * group.size());
-    with_elements(&share, |data| {
+    share
+}
+
+/// Every rank's `parts` of bucket `b` (this rank's, one tensor per segment, any dtype and device),
+/// all-gathered over `group`: the bucket's elements end to end, `[share · ranks]` f32 on the CPU.
+pub(crate) fn gather_bucket(b: &Bucket, parts: &[Tensor], group: &dyn Collective) -> Tensor {
+    gather_share(&local_share(b, parts), group)
+}
+
+/// Every rank's `share` (`[share]` f32 on the CPU, from [`local_share`]) all-gathered over
+/// `group`, in rank order.
+pub(crate) fn gather_share(share: &Tensor, group: &dyn Collective) -> Tensor {
+    let full = host_zeros(share.numel() * group.size());
+    with_elements(share, |data| {
         with_elements(&full, |out| group.all_gather(data, out))
     });
     full

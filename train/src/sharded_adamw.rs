@@ -330,6 +330,9 @@ impl DpOptimizer for ShardedAdamW<'_> {
     }
 
     fn step(&mut self, lr: f64) {
+        if let Some(residency) = &self.residency {
+            residency.discard_prefetch();
+        }
         self.step += 1;
         let c = &self.config;
         tch::no_grad(|| {

@@ -7,7 +7,10 @@
 //! layer through [`flux_model::residency::run_layer`], the layer's buckets are all-gathered from
 //! the masters into its weights, and after its forward pass their memory is given back; when
 //! backward reaches the layer they are gathered again, and given back as soon as their gradients
-//! are reduce-scattered ([`crate::sharded_grads::GradShard`]). A layer's weights are managed this
+//! are reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
+//! the next one (in the order of the forward pass, reversed in backward) are already in flight
+//! (non-blocking all-gathers), so at most two layers' weights are whole at a time. A layer's
+//! weights are managed this
 //! way from the first time a model runs it; parameters outside layers (embedders, the final
 //! projection) and layers a model never announces stay whole, updated by the optimizer as under
 //! `"gradients"`.
@@ -16,10 +19,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use flux_model::residency::{fill_storage, release_storage, LayerParams};
-use flux_model::tp::Collective;
+use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
-use crate::shard_layout::{gather_bucket, ShardLayout};
+use crate::shard_layout::{gather_share, local_share, ShardLayout};
 
 /// The layer a parameter belongs to: its name up to and including the first all-digit component
 /// (`transformer.layers.3.attn.to_q.weight` → `transformer.layers.3`), or `None` outside layers.
@@ -37,11 +40,14 @@ pub(crate) fn layer_of(name: &str) -> Option<&str> {
 
 /// Which weights are present, and the means to gather them.
 pub(crate) struct ShardedParams<'a> {
-    state: RefCell<Residency>,
+    state: RefCell<Residency<'a>>,
     shard: &'a dyn Collective,
 }
 
-struct Residency {
+/// A layer's bucket gathers started ahead of its use.
+type Prefetch<'a> = (String, Vec<(usize, Box<dyn Pending + 'a>)>);
+
+struct Residency<'a> {
     /// The trained parameters, in the optimizer's order.
     params: Vec<Tensor>,
     layout: ShardLayout,
@@ -55,6 +61,10 @@ struct Residency {
     managed: Vec<String>,
     /// Whether each bucket's weights hold memory.
     present: Vec<bool>,
+    /// Managed layers in the order the forward pass runs them.
+    order: Vec<String>,
+    /// The gathers of the layer expected next, in flight.
+    prefetch: Option<Prefetch<'a>>,
 }
 
 impl<'a> ShardedParams<'a> {
@@ -87,6 +97,8 @@ impl<'a> ShardedParams<'a> {
                 present: vec![true; layer_of_bucket.len()],
                 layer_of_bucket,
                 managed: Vec::new(),
+                order: Vec::new(),
+                prefetch: None,
             }),
             shard,
         }
@@ -108,9 +120,58 @@ impl<'a> ShardedParams<'a> {
             self.state.borrow_mut().release(b);
         }
     }
+
+    /// Wait for and drop gathers in flight (before the masters change under them).
+    pub(crate) fn discard_prefetch(&self) {
+        if let Some((_, pending)) = self.state.borrow_mut().prefetch.take() {
+            pending.into_iter().for_each(|(_, p)| drop(p.wait()));
+        }
+    }
 }
 
-impl Residency {
+impl<'a> Residency<'a> {
+    /// This rank's share of bucket `b` from the masters, as the all-gather sends it.
+    fn share(&self, b: usize) -> Tensor {
+        let bucket = &self.layout.buckets[b];
+        let parts: Vec<Tensor> = bucket
+            .segments
+            .iter()
+            .map(|s| self.masters.narrow(0, s.in_state as i64, s.len as i64))
+            .collect();
+        local_share(bucket, &parts)
+    }
+
+    /// Fill bucket `b`'s weights from `full`, its gathered elements end to end.
+    fn fill(&mut self, b: usize, full: &Tensor) {
+        let mut start = 0;
+        for p in self.layout.buckets[b].params.clone() {
+            let n = self.layout.numels[p] as i64;
+            fill_storage(&self.params[p], &full.narrow(0, start, n));
+            start += n;
+        }
+        self.present[b] = true;
+    }
+
+    /// The buckets of `layer` whose weights hold no memory.
+    fn absent(&self, layer: &str) -> Vec<usize> {
+        let buckets = self.buckets_of.get(layer).map_or(&[][..], Vec::as_slice);
+        buckets
+            .iter()
+            .copied()
+            .filter(|&b| !self.present[b])
+            .collect()
+    }
+
+    /// The layer run after `layer` in `pass`, if known.
+    fn next(&self, layer: &str, pass: Pass) -> Option<String> {
+        let at = self.order.iter().position(|l| l == layer)?;
+        let next = match pass {
+            Pass::Forward => at + 1,
+            Pass::Backward => at.checked_sub(1)?,
+        };
+        self.order.get(next).cloned()
+    }
+
     fn release(&mut self, b: usize) {
         if self.present[b] {
             for p in self.layout.buckets[b].params.clone() {
@@ -122,35 +183,53 @@ impl Residency {
 }
 
 impl LayerParams for ShardedParams<'_> {
-    fn gather(&self, layer: &str) {
+    fn gather(&self, layer: &str, pass: Pass) {
         let mut state = self.state.borrow_mut();
-        let Some(buckets) = state.buckets_of.get(layer).cloned() else {
+        if !state.buckets_of.contains_key(layer) {
             panic!(
                 "layer `{layer}` has no trained parameters: the name a model passes to \
                  run_layer must be the state-dict prefix of the layer's parameters"
             );
-        };
+        }
         if !state.managed.iter().any(|l| l == layer) {
             state.managed.push(layer.to_string());
         }
-        for b in buckets {
-            if state.present[b] {
-                continue;
+        if pass == Pass::Forward && !state.order.iter().any(|l| l == layer) {
+            state.order.push(layer.to_string());
+        }
+        // Gathers in flight complete in the order they were started, on every rank alike. A
+        // layer already whole (gathered again by its second output's hook) leaves them be;
+        // otherwise those of another layer than expected are dropped.
+        let needed = !state.absent(layer).is_empty();
+        let take = needed || state.prefetch.as_ref().is_some_and(|(e, _)| e == layer);
+        if let Some((expected, pending)) = state.prefetch.take_if(|_| take) {
+            tracing::trace!(
+                layer,
+                expected,
+                buckets = pending.len(),
+                "prefetched gathers"
+            );
+            for (b, p) in pending {
+                let full = Tensor::from_slice(&p.wait());
+                if expected == layer && !state.present[b] {
+                    state.fill(b, &full);
+                }
             }
-            let bucket = &state.layout.buckets[b];
-            let parts: Vec<Tensor> = bucket
-                .segments
-                .iter()
-                .map(|s| state.masters.narrow(0, s.in_state as i64, s.len as i64))
+        }
+        for b in state.absent(layer) {
+            let full = gather_share(&state.share(b), self.shard);
+            state.fill(b, &full);
+        }
+        if let Some(next) = state.next(layer, pass).filter(|_| state.prefetch.is_none()) {
+            let pending: Vec<_> = state
+                .absent(&next)
+                .into_iter()
+                .map(|b| {
+                    let share = Vec::<f32>::try_from(&state.share(b)).expect("f32 share");
+                    (b, self.shard.start_all_gather(share))
+                })
                 .collect();
-            let full = gather_bucket(bucket, &parts, self.shard);
-            let mut start = 0;
-            for p in bucket.params.clone() {
-                let n = state.layout.numels[p] as i64;
-                fill_storage(&state.params[p], &full.narrow(0, start, n));
-                start += n;
-            }
-            state.present[b] = true;
+            state.prefetch = (!pending.is_empty()).then_some((next, pending));
         }
     }
 

@@ -21,9 +21,18 @@ pub trait Collective {
     /// the group can (MPI's non-blocking all-reduce), so that computation goes on while the sum
     /// travels; the default sums before returning. Every rank of the group must start the same
     /// sums in the same order.
-    fn start_all_reduce_sum(&self, mut data: Vec<f32>) -> Box<dyn PendingSum + '_> {
+    fn start_all_reduce_sum(&self, mut data: Vec<f32>) -> Box<dyn Pending + '_> {
         self.all_reduce_sum(&mut data);
         Box::new(Finished(data))
+    }
+
+    /// Start gathering every rank's `data` (equal lengths), in rank order, and return at once
+    /// where the group can (MPI's non-blocking all-gather); the default gathers before
+    /// returning. Every rank of the group must start the same gathers in the same order.
+    fn start_all_gather(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
+        let mut out = vec![0f32; data.len() * self.size()];
+        self.all_gather(&data, &mut out);
+        Box::new(Finished(out))
     }
 
     /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
@@ -36,20 +45,21 @@ pub trait Collective {
     }
 }
 
-/// A sum started by [`Collective::start_all_reduce_sum`].
-pub trait PendingSum {
-    /// Let the sum progress without blocking (MPI moves a non-blocking collective along only
-    /// inside its calls); whether it has finished.
+/// A collective started by [`Collective::start_all_reduce_sum`] or
+/// [`Collective::start_all_gather`], in flight.
+pub trait Pending {
+    /// Let the collective progress without blocking (MPI moves a non-blocking collective along
+    /// only inside its calls); whether it has finished.
     fn test(&mut self) -> bool;
-    /// Wait for the sum and return it.
+    /// Wait for the collective and return its result.
     fn wait(self: Box<Self>) -> Vec<f32>;
 }
 
-/// A sum that was finished when it was started.
+/// A collective that was finished when it was started.
 #[derive(Debug)]
 pub struct Finished(pub Vec<f32>);
 
-impl PendingSum for Finished {
+impl Pending for Finished {
     fn test(&mut self) -> bool {
         true
     }

@@ -19,7 +19,7 @@ mod param;
 mod spec;
 mod store;
 
-pub use collective::{Collective, Finished, PendingSum, SingleRank};
+pub use collective::{Collective, Finished, Pending, SingleRank};
 pub use context::{CollectiveCounts, TpContext};
 pub use dp_groups::DpGroups;
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};

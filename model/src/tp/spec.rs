@@ -25,13 +25,15 @@ pub enum GradSync {
     SumOverGroup,
 }
 
-/// The pass in which a parameter's layer sums activations over a group of more than one rank.
+/// A pass of training: the forward pass, or the backward pass. Said of a parameter's layer
+/// ([`ParamSpec::all_reduce`]): where it sums activations over a group of more than one rank,
+/// partial outputs in the forward pass (row-parallel linears, vocab-parallel embeddings) or
+/// partial input gradients in the backward pass (column-parallel linears).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pass {
-    /// Partial outputs summed in the forward pass (row-parallel linears, vocab-parallel
-    /// embeddings).
+    /// The forward pass.
     Forward,
-    /// Partial input gradients summed in the backward pass (column-parallel linears).
+    /// The backward pass.
     Backward,
 }
 
