@@ -72,6 +72,15 @@ def optimizer_state_mib(opt):
     ) / 2**20
 
 
+def model_state_mib(model, opt):
+    """MiB of weights, gradients and optimizer state this rank holds (FSDP2: its shards)."""
+    local = lambda v: v.to_local() if hasattr(v, "to_local") else v  # FSDP2's DTensors
+    size = lambda t: local(t).numel() * t.element_size()
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    return (sum(map(size, params)) + sum(map(size, grads))) / 2**20 + optimizer_state_mib(opt)
+
+
 def timed(args):
     cfg = tomllib.loads(open(args.config).read())
     m, t, o = cfg["model"], cfg["training"], cfg.get("optimization", {})
@@ -199,6 +208,7 @@ def timed(args):
                 "overlap_grad_reduce": distributed,
                 "bucket_mib": 25.0,
                 "optimizer_state_mib_per_rank": optimizer_state_mib(opt) if train else 0.0,
+                "model_state_mib_per_rank": model_state_mib(model, opt) if train else 0.0,
             }
         )
     )

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Sharded data parallelism side by side: flux-hpc's `[parallelism] sharding = "optimizer"`
-# (ZeRO-1) and `"gradients"` (ZeRO-2) against plain data parallelism, and PyTorch's
-# ZeroRedundancyOptimizer under DDP and FSDP2 (`fully_shard`, weights kept gathered between
-# forward and backward) against plain DDP, all over gloo or MPI on 2 ranks of one thread each,
+# (ZeRO-1), `"gradients"` (ZeRO-2) and `"full"` (ZeRO-3) against plain data parallelism, and
+# PyTorch's ZeroRedundancyOptimizer under DDP and FSDP2 (`fully_shard`, weights kept gathered
+# between forward and backward, or resharded after forward) against plain DDP, all over gloo or MPI on 2 ranks of one thread each,
 # the same model and global batch (benches/side_by_side.toml, one sample per rank), f32 and
 # (flux-hpc) bf16 with f32 masters. The configurations are alternated round by round. Prints
-# per-rank optimizer state, rank 0's peak RSS and the median step time. flux-hpc reduces in
+# per-rank optimizer state and model state (weights present, gradients and optimizer state after
+# the last step), rank 0's peak RSS and the median step time. flux-hpc reduces in
 # buckets of 25 MiB, DDP's default.
 #
 #   bash benches/sharding.sh              # ROUNDS=3 STEPS=3
@@ -45,10 +46,13 @@ for round in $(seq "$ROUNDS"); do
     flux optimizer fp32 >> "$results"
     torch --sharding gradients >> "$results"
     flux gradients fp32 >> "$results"
+    torch --sharding full >> "$results"
+    flux full fp32 >> "$results"
     torch --sharding none >> "$results"
     flux none bf16 >> "$results"
     flux optimizer bf16 >> "$results"
     flux gradients bf16 >> "$results"
+    flux full bf16 >> "$results"
 done
 
 .venv/bin/python benches/sharding_report.py "$results"

@@ -12,7 +12,7 @@ import sys
 LEVELS = ("none", "optimizer", "gradients", "full")
 # PyTorch's counterpart of each sharding level in benches/pytorch_reference.py.
 TORCH = {"optimizer": "ZeroRedundancyOptimizer", "gradients": "FSDP2 (no reshard)",
-         "full": "FSDP2"}
+         "full": "FSDP2 (reshard)"}
 
 
 def main():
@@ -24,23 +24,24 @@ def main():
     def med(key, field):
         return statistics.median(r[field] for r in runs[key])
 
-    print(f"{'2 ranks, 1 thread each':<28}{'sharding':>10}{'state MiB':>11}{'peak RSS MiB':>14}"
-          f"{'step s':>9}{'state':>8}{'RSS':>7}{'time':>7}")
+    fields = ("optimizer_state_mib_per_rank", "model_state_mib_per_rank", "peak_rss_mib",
+              "median_s")
+    print(f"{'2 ranks, 1 thread each':<28}{'sharding':>10}{'state MiB':>11}{'model MiB':>11}"
+          f"{'peak RSS MiB':>14}{'step s':>9}{'state':>8}{'model':>7}{'RSS':>7}{'time':>7}")
     for impl, precision in sorted({(i, p) for i, p, _ in runs}):
         plain = (impl, precision, "none")
         for sharding in LEVELS:
             key = (impl, precision, sharding)
             if key not in runs:
                 continue
-            state, rss, step = (med(key, f) for f in
-                                ("optimizer_state_mib_per_rank", "peak_rss_mib", "median_s"))
+            values = [med(key, f) for f in fields]
             ratios = ""
             if sharding != "none" and plain in runs:
-                ratios = (f"{state / med(plain, 'optimizer_state_mib_per_rank'):>8.2f}"
-                          f"{rss / med(plain, 'peak_rss_mib'):>7.2f}"
-                          f"{step / med(plain, 'median_s'):>7.2f}")
-            print(f"{impl + ' ' + precision:<28}{sharding:>10}{state:>11.1f}{rss:>14.0f}"
-                  f"{step:>9.3f}{ratios}")
+                ratios = "".join(f"{v / med(plain, f):>{w}.2f}"
+                                 for v, f, w in zip(values, fields, (8, 7, 7, 7)))
+            state, model, rss, step = values
+            print(f"{impl + ' ' + precision:<28}{sharding:>10}{state:>11.1f}{model:>11.1f}"
+                  f"{rss:>14.0f}{step:>9.3f}{ratios}")
     for sharding in LEVELS[1:]:
         flux, torch = ("flux-hpc", "fp32", sharding), ("pytorch", "fp32", sharding)
         if flux in runs and torch in runs:
