@@ -21,15 +21,20 @@ pub struct EventWriter {
 impl EventWriter {
     /// Create `dir` (and parents) and a new event file in it, named as TensorFlow names them
     /// (`events.out.tfevents.{seconds}.{host}.{pid}`), so that a resumed run adds a file beside
-    /// the earlier ones and TensorBoard reads them all.
+    /// the earlier ones and TensorBoard reads them all, in name order: `seconds` is at least one
+    /// more than that of every event file already there (a run resumed within the second it
+    /// stopped must still sort after it).
     pub fn create(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into());
+        let existing = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned());
+        let seconds = file_seconds(existing, now().trunc() as u64);
         let name = format!(
-            "events.out.tfevents.{}.{host}.{}",
-            now().trunc() as u64,
+            "events.out.tfevents.{seconds}.{host}.{}",
             std::process::id()
         );
         let path = dir.join(name);
@@ -169,6 +174,18 @@ impl Message {
     }
 }
 
+/// The seconds to name a new event file with at time `now` (seconds) beside the files `names`:
+/// later than every event file's among them.
+fn file_seconds(names: impl Iterator<Item = String>, now: u64) -> u64 {
+    names
+        .filter_map(|n| {
+            let rest = n.strip_prefix("events.out.tfevents.")?;
+            rest.split('.').next()?.parse::<u64>().ok()
+        })
+        .map(|s| s + 1)
+        .fold(now, u64::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +200,20 @@ mod tests {
             m.0,
             [0x10, 0xac, 0x02, 0x0a, 0x02, b'a', b'b', 0x15, 0, 0, 0x80, 0x3f]
         );
+    }
+
+    #[test]
+    fn a_new_event_file_sorts_after_those_there() {
+        let names = |v: &[&str]| {
+            v.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(file_seconds(names(&[]), 100), 100);
+        let there = ["events.out.tfevents.100.vm.999", "loss_curve.png"];
+        assert_eq!(file_seconds(names(&there), 100), 101);
+        assert_eq!(file_seconds(names(&there), 250), 250);
     }
 
     #[test]
