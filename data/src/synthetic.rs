@@ -42,6 +42,18 @@ pub struct LatentSamples {
     pub mask: Option<Tensor>,
 }
 
+impl LatentSamples {
+    /// The same samples on `device`.
+    pub fn to_device(self, device: Device) -> Self {
+        Self {
+            latents: self.latents.to_device(device),
+            txt: self.txt.to_device(device),
+            y: self.y.to_device(device),
+            mask: self.mask.map(|m| m.to_device(device)),
+        }
+    }
+}
+
 /// The dataset: an unbounded, deterministic sequence of samples indexed by `u64`.
 #[derive(Debug)]
 pub struct SyntheticLatents {

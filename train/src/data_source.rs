@@ -5,14 +5,15 @@ use std::path::{Path, PathBuf};
 
 use flux_data::dataset::EMPTY_PROMPT;
 use flux_data::dataset::{
-    latent_samples, BatchPlan, DataPosition, LatentDataset, LatentDraw, Prefetcher, SampleOrder,
-    ShardLayout,
+    latent_samples, BatchPlan, DataPosition, Fetched, LatentDataset, LatentDraw, Prefetcher,
+    SampleOrder, ShardLayout,
 };
 use flux_data::{DataError, LatentSamples, SyntheticLatents, SyntheticShape};
 use flux_model::{ConfigError, InputSpec};
 use tch::{Device, Tensor};
 
 use crate::sections::DataSourceKind;
+use crate::step_data::SampleDraws;
 use crate::RunConfig;
 
 /// Held-out samples are keyed from here, away from any training counter.
@@ -39,6 +40,27 @@ pub fn synthetic_data(run: &RunConfig) -> SyntheticLatents {
     SyntheticLatents::new(t.seed, shape)
 }
 
+/// What the prefetch thread makes of a micro-batch beside reading it: its training tensors (on
+/// the CPU) and random draws.
+type Prepared = (LatentSamples, SampleDraws);
+
+/// How a micro-batch's random draws are made: the run's seed and caption dropout probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrawSettings {
+    /// `[training] seed`.
+    pub seed: u64,
+    /// `[training] cfg_dropout_prob`.
+    pub dropout_prob: f64,
+}
+
+impl DrawSettings {
+    /// The draws of the samples keyed `ids` whose latents are `latents` `[B, …]`.
+    pub fn draw(&self, ids: &[u64], latents: &Tensor) -> SampleDraws {
+        let per_sample = latents.numel() / ids.len().max(1);
+        SampleDraws::new(ids, self.seed, per_sample, self.dropout_prob)
+    }
+}
+
 /// HDF5 shards and the reading state of one rank.
 pub struct Hdf5Data {
     paths: Vec<PathBuf>,
@@ -49,7 +71,7 @@ pub struct Hdf5Data {
     pack: bool,
     eval: LatentDataset,
     /// The running prefetcher and the counters of the micro-batch it delivers next.
-    reading: Option<(Prefetcher, Vec<u64>)>,
+    reading: Option<(Prefetcher<Prepared>, Vec<u64>)>,
     /// The empty caption's encodings (`empty_prompt.safetensors` beside the shards): T5 states
     /// `[L, D]` and the pooled vector `[D_pooled]`.
     empty_prompt: Option<(Tensor, Tensor)>,
@@ -287,19 +309,24 @@ impl DataSource {
         self.epoch_len().unwrap_or(u64::MAX)
     }
 
-    /// Micro-batch `m` of the step `plan` starts (`plan.next_step_start`), on `device`, and the
-    /// samples' ids (keys from their source, or `synthetic #<counter>`), for diagnostics.
+    /// Micro-batch `m` of the step `plan` starts (`plan.next_step_start`), on `device`, its
+    /// random draws as `draws` says (made with the samples by the prefetch thread when reading
+    /// shards), and the samples' ids (keys from their source, or `synthetic #<counter>`), for
+    /// diagnostics.
     pub fn train_batch(
         &mut self,
         plan: BatchPlan,
         m: u64,
+        draws: DrawSettings,
         device: Device,
-    ) -> Result<(LatentSamples, Vec<String>), DataError> {
+    ) -> Result<(LatentSamples, SampleDraws, Vec<String>), DataError> {
         let counters = plan.micro_batch(plan.next_step_start, m);
         let h = match self {
             Self::Synthetic(s) => {
                 let ids = counters.iter().map(|c| format!("synthetic #{c}")).collect();
-                return Ok((s.batch(&counters, device), ids));
+                let samples = s.batch(&counters, device);
+                let drawn = draws.draw(&counters, &samples.latents);
+                return Ok((samples, drawn, ids));
             }
             Self::Hdf5(h) => h,
         };
@@ -307,8 +334,17 @@ impl DataSource {
             // First batch, or after a restore: read from this micro-batch on.
             let dataset = LatentDataset::open(&h.paths)?;
             let batches = plan.micro_batches().skip(m as usize);
+            let (seed, pack) = (h.seed, h.pack);
+            let prepare = move |f: &Fetched| -> Prepared {
+                let draw = LatentDraw::Posterior { seed };
+                let samples =
+                    latent_samples(&f.samples, &f.counters, &f.layout, draw, pack, Device::Cpu);
+                let drawn = draws.draw(&f.counters, &samples.latents);
+                (samples, drawn)
+            };
+            let order = h.order.clone();
             h.reading = Some((
-                Prefetcher::spawn(dataset, h.order.clone(), batches, h.depth),
+                Prefetcher::spawn_preparing(dataset, order, batches, h.depth, prepare),
                 counters,
             ));
         }
@@ -320,19 +356,9 @@ impl DataSource {
         } else {
             plan.micro_batch(plan.next_step_start + plan.global, 0)
         };
-        let draw = LatentDraw::Posterior { seed: h.seed };
-        let samples = latent_samples(
-            &fetched.samples,
-            &fetched.counters,
-            &fetched.layout,
-            draw,
-            h.pack,
-            device,
-        );
-        Ok((
-            samples,
-            fetched.samples.iter().map(|s| s.id.clone()).collect(),
-        ))
+        let (samples, drawn) = fetched.prepared;
+        let ids = fetched.samples.iter().map(|s| s.id.clone()).collect();
+        Ok((samples.to_device(device), drawn, ids))
     }
 
     /// The held-out samples `0..total` (held-out sample `i` is dataset index `i mod len`) in

@@ -44,46 +44,74 @@ pub enum NoiseLevels<'a> {
     Equidistant,
 }
 
-/// Classifier-free-guidance dropout of the text conditioning.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CfgDropout<'a> {
-    /// Probability that a sample's caption is dropped (keyed by its id).
-    pub prob: f64,
-    /// What a dropped caption's text states `[L, D]` and pooled vector `[D_pooled]` become: the
-    /// empty caption's encodings (MLPerf's and Primus' rule), or zeros when `None`.
-    pub empty: Option<&'a (Tensor, Tensor)>,
+/// The random draws of a set of samples, each keyed by (seed, sample): noise, the uniform and
+/// normal numbers noise levels are sampled from, and whether classifier-free-guidance dropout
+/// keeps its caption. A pure function of its keys, so it can be drawn ahead (the data prefetch
+/// thread does) or in place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleDraws {
+    /// Global sample counters (the keys).
+    ids: Vec<u64>,
+    /// `per_sample` standard normals per sample, end to end.
+    noise: Vec<f32>,
+    /// One uniform number in `[0, 1)` per sample.
+    u: Vec<f32>,
+    /// One standard normal per sample.
+    z: Vec<f32>,
+    /// 1 where the sample keeps its caption, 0 where dropout drops it.
+    keep: Vec<f32>,
 }
 
-/// Build the inputs `inputs` declares for clean `samples` keyed by `ids` (global sample
-/// counters): the text states and pooled vector when the model takes them, the default guidance
-/// when it embeds guidance. `dropout` replaces a sample's text and pooled vector by the empty
-/// caption's (or zeros) with its probability.
+impl SampleDraws {
+    /// The draws of samples `ids` under run seed `seed`, with `per_sample` noise values each and
+    /// captions dropped with probability `dropout_prob`.
+    pub fn new(ids: &[u64], seed: u64, per_sample: usize, dropout_prob: f64) -> Self {
+        let mut noise = Vec::with_capacity(ids.len() * per_sample);
+        let (mut u, mut z, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+        for &id in ids {
+            let mut rng = KeyedRng::new(seed, id, NOISE_STREAM);
+            noise.extend(rng.normals(per_sample));
+            u.push(rng.uniform() as f32);
+            z.push(rng.normal() as f32);
+            let dropped = KeyedRng::new(seed, id, DROPOUT_STREAM).uniform() < dropout_prob;
+            keep.push(if dropped { 0.0 } else { 1.0 });
+        }
+        Self {
+            ids: ids.to_vec(),
+            noise,
+            u,
+            z,
+            keep,
+        }
+    }
+}
+
+/// Build the inputs `inputs` declares for clean `samples` with their random `draws`: the text
+/// states and pooled vector when the model takes them, the default guidance when it embeds
+/// guidance. A sample whose caption the draws drop gets the empty caption's encodings `empty`
+/// (text states `[L, D]`, pooled vector `[D_pooled]`; MLPerf's and Primus' rule), or zeros when
+/// `None`.
 pub fn step_data(
     samples: LatentSamples,
     inputs: &InputSpec,
-    ids: &[u64],
-    seed: u64,
+    draws: SampleDraws,
     levels: NoiseLevels,
-    dropout: CfgDropout,
+    empty: Option<&(Tensor, Tensor)>,
     device: Device,
 ) -> StepData {
     let x0 = samples.latents;
-    let per_sample_numel = x0.numel() / ids.len();
-    let mut noise = Vec::with_capacity(x0.numel());
-    let (mut u, mut z, mut keep) = (Vec::new(), Vec::new(), Vec::new());
-    for &id in ids {
-        let mut rng = KeyedRng::new(seed, id, NOISE_STREAM);
-        noise.extend(rng.normals(per_sample_numel));
-        u.push(rng.uniform() as f32);
-        z.push(rng.normal() as f32);
-        keep.push(
-            if KeyedRng::new(seed, id, DROPOUT_STREAM).uniform() < dropout.prob {
-                0f32
-            } else {
-                1.0
-            },
-        );
-    }
+    assert_eq!(
+        draws.noise.len() as i64,
+        x0.numel() as i64,
+        "draws for the samples' latents"
+    );
+    let SampleDraws {
+        ids,
+        noise,
+        u,
+        z,
+        keep,
+    } = draws;
     let noise = Tensor::from_slice(&noise)
         .view(x0.size().as_slice())
         .to_device(device);
@@ -124,10 +152,10 @@ pub fn step_data(
         timesteps: sigmas.shallow_clone(),
         text: inputs
             .text_dim
-            .map(|_| dropped(&samples.txt, dropout.empty.map(|e| &e.0))),
+            .map(|_| dropped(&samples.txt, empty.map(|e| &e.0))),
         pooled: inputs
             .pooled_dim
-            .map(|_| dropped(&samples.y, dropout.empty.map(|e| &e.1))),
+            .map(|_| dropped(&samples.y, empty.map(|e| &e.1))),
         guidance: inputs
             .guidance
             .map(|g| Tensor::full([b], g, (Kind::Float, device))),
@@ -172,16 +200,9 @@ mod tests {
         );
         let ids: Vec<u64> = (0..64).collect();
         let d = |prob, empty| {
-            let dropout = CfgDropout { prob, empty };
-            step_data(
-                samples(64),
-                &inputs(),
-                &ids,
-                0,
-                NoiseLevels::Equidistant,
-                dropout,
-                Device::Cpu,
-            )
+            let draws = SampleDraws::new(&ids, 0, 16, prob);
+            let levels = NoiseLevels::Equidistant;
+            step_data(samples(64), &inputs(), draws, levels, empty, Device::Cpu)
         };
         let with = d(0.5, Some(&empty));
         let (text, pooled) = (with.batch.text.unwrap(), with.batch.pooled.unwrap());

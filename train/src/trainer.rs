@@ -16,7 +16,7 @@ use tch::{Device, Kind};
 use crate::adapter_file::read_adapter_file;
 use crate::base_weights::load_base;
 use crate::data_parallel::{bytes_of, dp_optimizer, DpOptimizer};
-use crate::data_source::DataSource;
+use crate::data_source::{DataSource, DrawSettings};
 use crate::ema::Ema;
 use crate::grad_hooks::OverlapReport;
 use crate::loss::compute_diffusion_loss;
@@ -27,7 +27,7 @@ use crate::run_config::Sharding;
 use crate::sampling::{generate, Conditioning, OdeSettings};
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
-use crate::step_data::{step_data, CfgDropout, NoiseLevels, StepData};
+use crate::step_data::{step_data, NoiseLevels, StepData};
 use crate::{RunConfig, EVAL_BASE};
 
 /// What one optimizer step measured.
@@ -332,8 +332,11 @@ impl<'a> Trainer<'a> {
         let mut tokens_per_sample = 0;
         let mut overlap = None;
         for m in 0..plan.micro_steps() {
-            let counters = plan.micro_batch(plan.next_step_start, m);
-            let (samples, sample_ids) = self.data.train_batch(plan, m, self.device)?;
+            let draw = DrawSettings {
+                seed: t.seed,
+                dropout_prob: t.cfg_dropout_prob,
+            };
+            let (samples, draws, sample_ids) = self.data.train_batch(plan, m, draw, self.device)?;
             ids.extend(sample_ids);
             let inputs = self.run.model.inputs();
             let size = samples.latents.size(); // [B, C, H, W]
@@ -344,13 +347,9 @@ impl<'a> Trainer<'a> {
             let d = step_data(
                 samples,
                 &self.run.model.inputs(),
-                &counters,
-                t.seed,
+                draws,
                 levels,
-                CfgDropout {
-                    prob: t.cfg_dropout_prob,
-                    empty: self.data.empty_prompt(),
-                },
+                self.data.empty_prompt(),
                 self.device,
             );
             // Each micro-batch's share of the global mean, so that the sum over micro-batches and
@@ -465,15 +464,14 @@ impl<'a> Trainer<'a> {
             for numbers in self.data.eval_batches(t.eval_samples, t.micro_batch_size) {
                 let samples = self.data.eval_batch(&numbers, self.device)?;
                 let keys: Vec<u64> = numbers.iter().map(|i| EVAL_BASE + i).collect();
-                let d = step_data(
-                    samples,
-                    &self.run.model.inputs(),
-                    &keys,
-                    t.seed,
-                    NoiseLevels::Equidistant,
-                    CfgDropout::default(),
-                    self.device,
-                );
+                let draw = DrawSettings {
+                    seed: t.seed,
+                    dropout_prob: 0.0,
+                };
+                let draws = draw.draw(&keys, &samples.latents);
+                let inputs = self.run.model.inputs();
+                let levels = NoiseLevels::Equidistant;
+                let d = step_data(samples, &inputs, draws, levels, None, self.device);
                 total += self
                     .loss_of(&d, false)
                     .to_kind(Kind::Double)

@@ -1,5 +1,7 @@
 //! A background thread that reads the next micro-batches while the current one trains, through a
-//! bounded queue (at most `depth` micro-batches in memory ahead of training).
+//! bounded queue (at most `depth` micro-batches in memory ahead of training), and prepares
+//! whatever else a micro-batch needs (the training loop's tensors and noise), so that the step
+//! does not wait for it.
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
@@ -10,15 +12,18 @@ use crate::dataset::reader::LatentDataset;
 use crate::dataset::writer::Sample;
 use crate::error::DataError;
 
-/// One micro-batch as read: its global sample counters and their samples.
+/// One micro-batch as read: its global sample counters and their samples, and what the thread
+/// prepared for it.
 #[derive(Debug)]
-pub struct Fetched {
+pub struct Fetched<P = ()> {
     /// Global sample counters (keys of per-sample randomness).
     pub counters: Vec<u64>,
     /// The samples, in counter order.
     pub samples: Vec<Sample>,
     /// Their layout (one resolution bucket).
     pub layout: ShardLayout,
+    /// What [`Prefetcher::spawn_preparing`]'s `prepare` made of the micro-batch.
+    pub prepared: P,
 }
 
 /// Read the samples of `counters` from `dataset` in `order`; all must be of one bucket.
@@ -51,12 +56,13 @@ fn fetch(
         counters,
         samples,
         layout,
+        prepared: (),
     })
 }
 
 /// Reads micro-batches ahead on a thread; dropping it stops the thread.
-pub struct Prefetcher {
-    rx: Option<Receiver<Result<Fetched, DataError>>>,
+pub struct Prefetcher<P = ()> {
+    rx: Option<Receiver<Result<Fetched<P>, DataError>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -67,16 +73,35 @@ impl Prefetcher {
     /// the thread.
     pub fn spawn(
         dataset: LatentDataset,
+        order: SampleOrder,
+        batches: impl Iterator<Item = Vec<u64>> + Send + 'static,
+        depth: usize,
+    ) -> Self {
+        Self::spawn_preparing(dataset, order, batches, depth, |_| ())
+    }
+}
+
+impl<P: Send + 'static> Prefetcher<P> {
+    /// As [`Prefetcher::spawn`], and the thread also runs `prepare` on each micro-batch it
+    /// read, delivering the result with it ([`Fetched::prepared`]).
+    pub fn spawn_preparing(
+        dataset: LatentDataset,
         mut order: SampleOrder,
         batches: impl Iterator<Item = Vec<u64>> + Send + 'static,
         depth: usize,
+        prepare: impl Fn(&Fetched) -> P + Send + 'static,
     ) -> Self {
         let (tx, rx) = sync_channel(depth.max(1));
         let thread = std::thread::Builder::new()
             .name("flux-prefetch".into())
             .spawn(move || {
                 for counters in batches {
-                    let item = fetch(&dataset, &mut order, counters);
+                    let item = fetch(&dataset, &mut order, counters).map(|f| Fetched {
+                        prepared: prepare(&f),
+                        counters: f.counters,
+                        samples: f.samples,
+                        layout: f.layout,
+                    });
                     let failed = item.is_err();
                     if tx.send(item).is_err() || failed {
                         return;
@@ -91,7 +116,7 @@ impl Prefetcher {
     }
 
     /// The next micro-batch, waiting for it if the thread is behind.
-    pub fn next_batch(&mut self) -> Result<Fetched, DataError> {
+    pub fn next_batch(&mut self) -> Result<Fetched<P>, DataError> {
         self.rx
             .as_ref()
             .expect("present until drop")
@@ -105,7 +130,7 @@ impl Prefetcher {
     }
 }
 
-impl Drop for Prefetcher {
+impl<P> Drop for Prefetcher<P> {
     fn drop(&mut self) {
         // Disconnect first so a thread blocked on a full queue wakes up and exits.
         drop(self.rx.take());
