@@ -10,10 +10,9 @@
 //! are reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
 //! the next one (in the order of the forward pass, reversed in backward) are already in flight
 //! (non-blocking all-gathers), so at most two layers' weights are whole at a time. A layer's
-//! weights are managed this
-//! way from the first time a model runs it; parameters outside layers (embedders, the final
-//! projection) and layers a model never announces stay whole, updated by the optimizer as under
-//! `"gradients"`.
+//! weights are managed this way from the first time a model runs it; parameters outside layers
+//! (embedders, the final projection) and layers a model never announces stay whole, updated by
+//! the optimizer as under `"gradients"`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
