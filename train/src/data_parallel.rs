@@ -117,12 +117,14 @@ pub(crate) fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64
 }
 
 /// The optimizer of `store`'s trainable parameters for data-parallel groups `groups`, sharded
-/// and bucketed as `parallelism` says.
+/// and bucketed as `parallelism` says; `layers` are the model's
+/// ([`flux_model::DiffusionModel::layers`]), whose weights full sharding gives back at once.
 pub fn dp_optimizer<'a>(
     store: &ShardedStore,
     config: &OptimizationConfig,
     parallelism: &ParallelismConfig,
     groups: DpGroups<'a>,
+    layers: &[String],
 ) -> Box<dyn DpOptimizer + 'a> {
     let dp = groups.all;
     let bucket = parallelism.bucket_elements();
@@ -155,7 +157,9 @@ pub fn dp_optimizer<'a>(
                 late,
             })
         }
-        level => Box::new(ShardedAdamW::new(store, config, groups, bucket, level)),
+        level => Box::new(ShardedAdamW::new(
+            store, config, groups, bucket, level, layers,
+        )),
     }
 }
 

@@ -81,13 +81,15 @@ pub struct ShardedAdamW<'a> {
 impl<'a> ShardedAdamW<'a> {
     /// Shard the optimizer of `store`'s trainable parameters over `groups.shard` (replicated
     /// over `groups.across`), in buckets of at most `bucket` elements; and as `level` says, their
-    /// gradients and the weights themselves.
+    /// gradients and the weights themselves (under `"full"`, those of the model's `layers`,
+    /// [`flux_model::DiffusionModel::layers`], given back at once).
     pub fn new(
         store: &ShardedStore,
         config: &OptimizationConfig,
         groups: DpGroups<'a>,
         bucket: usize,
         level: Sharding,
+        layers: &[String],
     ) -> Self {
         let shard_grads = matches!(level, Sharding::Gradients | Sharding::Full);
         let full = level == Sharding::Full;
@@ -184,6 +186,9 @@ impl<'a> ShardedAdamW<'a> {
                 sharded.master(s).copy_(&sharded.part_of_param(s));
             }
         });
+        if let Some(residency) = &sharded.residency {
+            residency.release_layers(layers);
+        }
         sharded
     }
 

@@ -120,6 +120,19 @@ impl<'a> ShardedParams<'a> {
         }
     }
 
+    /// Give back the weights of `layers` (the model's, in the order its forward pass runs them,
+    /// [`flux_model::DiffusionModel::layers`]) now, once the masters hold them, rather than when
+    /// each first runs.
+    pub(crate) fn release_layers(&self, layers: &[String]) {
+        let mut state = self.state.borrow_mut();
+        for layer in layers {
+            state.manage(layer, true);
+            for b in state.buckets(layer) {
+                state.release(b);
+            }
+        }
+    }
+
     /// Wait for and drop gathers in flight (before the masters change under them).
     pub(crate) fn discard_prefetch(&self) {
         if let Some((_, pending)) = self.state.borrow_mut().prefetch.take() {
@@ -151,14 +164,32 @@ impl<'a> Residency<'a> {
         self.present[b] = true;
     }
 
+    /// The buckets of `layer`, a layer of the model's trained parameters.
+    fn buckets(&self, layer: &str) -> Vec<usize> {
+        match self.buckets_of.get(layer) {
+            Some(buckets) => buckets.clone(),
+            None => panic!(
+                "layer `{layer}` has no trained parameters: the name a model runs a layer \
+                 under (run_layer, RootBlock::layers) must be the state-dict prefix of the \
+                 layer's parameters"
+            ),
+        }
+    }
+
     /// The buckets of `layer` whose weights hold no memory.
     fn absent(&self, layer: &str) -> Vec<usize> {
-        let buckets = self.buckets_of.get(layer).map_or(&[][..], Vec::as_slice);
-        buckets
-            .iter()
-            .copied()
-            .filter(|&b| !self.present[b])
-            .collect()
+        let buckets = self.buckets(layer).into_iter();
+        buckets.filter(|&b| !self.present[b]).collect()
+    }
+
+    /// Manage `layer`'s weights from now on; `forward` when its forward pass runs it.
+    fn manage(&mut self, layer: &str, forward: bool) {
+        if !self.managed.iter().any(|l| l == layer) {
+            self.managed.push(layer.to_string());
+        }
+        if forward && !self.order.iter().any(|l| l == layer) {
+            self.order.push(layer.to_string());
+        }
     }
 
     /// The layer run after `layer` in `pass`, if known.
@@ -184,18 +215,7 @@ impl<'a> Residency<'a> {
 impl LayerParams for ShardedParams<'_> {
     fn gather(&self, layer: &str, pass: Pass) {
         let mut state = self.state.borrow_mut();
-        if !state.buckets_of.contains_key(layer) {
-            panic!(
-                "layer `{layer}` has no trained parameters: the name a model passes to \
-                 run_layer must be the state-dict prefix of the layer's parameters"
-            );
-        }
-        if !state.managed.iter().any(|l| l == layer) {
-            state.managed.push(layer.to_string());
-        }
-        if pass == Pass::Forward && !state.order.iter().any(|l| l == layer) {
-            state.order.push(layer.to_string());
-        }
+        state.manage(layer, pass == Pass::Forward);
         // Gathers in flight complete in the order they were started, on every rank alike. A
         // layer already whole (gathered again by its second output's hook) leaves them be;
         // otherwise those of another layer than expected are dropped.
@@ -234,7 +254,7 @@ impl LayerParams for ShardedParams<'_> {
 
     fn release(&self, layer: &str) {
         let mut state = self.state.borrow_mut();
-        for b in state.buckets_of.get(layer).cloned().unwrap_or_default() {
+        for b in state.buckets(layer) {
             state.release(b);
         }
     }

@@ -217,7 +217,14 @@ impl<'a> Trainer<'a> {
             ));
         }
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
-        let optimizer = dp_optimizer(trained, &run.optimization, &run.parallelism, groups);
+        let layers = model.layers();
+        let optimizer = dp_optimizer(
+            trained,
+            &run.optimization,
+            &run.parallelism,
+            groups,
+            &layers,
+        );
         let ema =
             (t.ema_decay > 0.0).then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.masters()));
         Ok(Self {

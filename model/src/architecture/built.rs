@@ -16,6 +16,14 @@ pub trait RootBlock: Block + std::fmt::Debug {
 
     /// Recompute each layer's activations in the backward pass (training forward passes only).
     fn set_recompute(&self, on: bool);
+
+    /// The layers `forward_batch` runs through [`crate::residency::run_layer`], by the names it
+    /// passes (their parameters' state-dict prefixes), in the order it runs them. Fully sharded
+    /// training releases their weights from the start; a layer missing here is found when it
+    /// first runs (default: all are).
+    fn layers(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A model with its weights on one rank: this rank's parameter store and the module tree using
@@ -75,6 +83,10 @@ impl<T: RootBlock> DiffusionModel for Built<T> {
 
     fn set_recompute(&self, on: bool) {
         self.transformer.set_recompute(on);
+    }
+
+    fn layers(&self) -> Vec<String> {
+        self.transformer.layers()
     }
 
     fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear)) {

@@ -29,6 +29,10 @@ pub trait DiffusionModel: Debug {
     /// forward passes only).
     fn set_recompute(&self, on: bool);
 
+    /// The layers the forward pass runs through [`crate::residency::run_layer`], by name, in
+    /// order ([`RootBlock::layers`]).
+    fn layers(&self) -> Vec<String>;
+
     /// Call `f` on every `Linear` of the model, in declaration order.
     fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear));
 

@@ -97,4 +97,10 @@ impl RootBlock for DitTransformer {
     fn set_recompute(&self, on: bool) {
         DitTransformer::set_recompute(self, on);
     }
+
+    fn layers(&self) -> Vec<String> {
+        (0..self.blocks.len())
+            .map(DitTransformer::layer_name)
+            .collect()
+    }
 }

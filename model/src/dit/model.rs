@@ -49,6 +49,11 @@ impl DitTransformer {
         &self.config
     }
 
+    /// The name block `i` runs under: its parameters' state-dict prefix.
+    pub fn layer_name(i: usize) -> String {
+        format!("blocks.{i}")
+    }
+
     /// Recompute each block's activations in the backward pass instead of keeping them
     /// (training forward passes only).
     pub fn set_recompute(&self, on: bool) {
@@ -73,7 +78,7 @@ impl DitTransformer {
         for (i, block) in self.blocks.iter().enumerate() {
             let block = block as *const DitBlock;
             let out = run_layer(
-                &format!("blocks.{i}"),
+                &Self::layer_name(i),
                 &[&tokens, &c],
                 1,
                 recomputing,

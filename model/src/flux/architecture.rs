@@ -141,4 +141,9 @@ impl RootBlock for FluxTransformer {
     fn set_recompute(&self, on: bool) {
         FluxTransformer::set_recompute(self, on);
     }
+
+    fn layers(&self) -> Vec<String> {
+        let n = self.joint_layers.len() + self.single_layers.len();
+        (0..n).map(FluxTransformer::layer_name).collect()
+    }
 }

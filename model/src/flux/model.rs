@@ -69,6 +69,12 @@ impl FluxTransformer {
         self.recompute.set(on);
     }
 
+    /// The name layer `i` runs under (joint layers first, then single ones): its parameters'
+    /// state-dict prefix.
+    pub fn layer_name(i: usize) -> String {
+        format!("transformer.layers.{i}")
+    }
+
     /// Predicted velocity `[B, C, H, W]` for `input`; `train` enables dropout.
     pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = input.check(&self.config)?;
@@ -86,7 +92,7 @@ impl FluxTransformer {
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
         let recomputing = train && self.recompute.get();
-        let name = |i: usize| format!("transformer.layers.{i}");
+        let name = Self::layer_name;
         for (i, layer) in self.joint_layers.iter().enumerate() {
             let (block, rope) = (layer as *const DoubleBlock, rope.clone());
             let out = run_layer(&name(i), &[&img, &txt, &vec], 2, recomputing, move |x| {

@@ -158,4 +158,10 @@ impl RootBlock for Flux2Transformer {
     fn set_recompute(&self, on: bool) {
         Flux2Transformer::set_recompute(self, on);
     }
+
+    fn layers(&self) -> Vec<String> {
+        let double = (0..self.transformer_blocks.len()).map(|i| Self::layer_name(false, i));
+        let single = (0..self.single_transformer_blocks.len()).map(|i| Self::layer_name(true, i));
+        double.chain(single).collect()
+    }
 }

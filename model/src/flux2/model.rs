@@ -117,6 +117,15 @@ impl Flux2Transformer {
         &self.config
     }
 
+    /// The name a double-stream (`single = false`) or single-stream block `i` runs under: its
+    /// parameters' state-dict prefix.
+    pub fn layer_name(single: bool, i: usize) -> String {
+        match single {
+            false => format!("transformer_blocks.{i}"),
+            true => format!("single_transformer_blocks.{i}"),
+        }
+    }
+
     /// Recompute each block's activations in the backward pass instead of keeping them.
     pub fn set_recompute(&self, on: bool) {
         self.recompute.set(on);
@@ -151,7 +160,7 @@ impl Flux2Transformer {
         let recomputing = train && self.recompute.get();
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let (block, rope) = (block as *const Flux2TransformerBlock, rope.clone());
-            let name = format!("transformer_blocks.{i}");
+            let name = Self::layer_name(false, i);
             let inputs = [&img, &txt, &mod_img, &mod_txt];
             let out = run_layer(&name, &inputs, 2, recomputing, move |x| {
                 // SAFETY: the model outlives the backward pass of any graph it built.
@@ -163,7 +172,7 @@ impl Flux2Transformer {
         let mut x = Tensor::cat(&[txt, img], 1);
         for (i, block) in self.single_transformer_blocks.iter().enumerate() {
             let (block, rope) = (block as *const Flux2SingleTransformerBlock, rope.clone());
-            let name = format!("single_transformer_blocks.{i}");
+            let name = Self::layer_name(true, i);
             let out = run_layer(&name, &[&x, &mod_single], 1, recomputing, move |x| {
                 // SAFETY: the model outlives the backward pass of any graph it built.
                 vec![unsafe { &*block }.forward(&x[0], &x[1], &rope)]
