@@ -112,19 +112,25 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         assert_same_final(&one, &full, file, 1e-5);
     }
 
-    // HSDP: four replicas in shard groups of two, each level; the groups' shares are summed
-    // across them (two micro-batches per replica).
-    for level in [SHARDED, GRADIENTS, FULL] {
+    // HSDP: four replicas in shard groups of two, each level (full sharding with TP2 as well,
+    // on 8 ranks); the groups' shares are summed across them (two micro-batches per replica).
+    for (level, tp) in [(SHARDED, 1), (GRADIENTS, 1), (FULL, 2)] {
         let hsdp = dir.join("hsdp");
+        let tp_size = format!("parallelism.tensor_parallel_size={tp}");
         ok(&train(
-            Some(4),
+            Some(4 * tp),
             &hsdp,
-            &with(&[
-                level,
-                SMALL_BUCKETS,
-                "parallelism.shard_group_size=2",
-                "training.micro_batch_size=1",
-            ]),
+            &[
+                &STEPS[..],
+                &[
+                    level,
+                    SMALL_BUCKETS,
+                    "parallelism.shard_group_size=2",
+                    "training.micro_batch_size=1",
+                    &tp_size,
+                ],
+            ]
+            .concat(),
         ));
         assert_same_records(&a, &records(&hsdp), &keys, 1e-5);
         assert_same_final(&one, &hsdp, "final.safetensors", 1e-5);
