@@ -113,8 +113,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         dp_rank: world.dp.rank(),
         world: world.world.as_ref(),
     };
+    // A sharded checkpoint of a sharded optimizer: each rank writes the parts it owns.
+    let parts = layout == CheckpointLayout::Sharded;
     let save = |trainer: &Trainer| {
-        writer.save(&trainer.checkpoint_state(), trainer.trained().param_specs())
+        let state = trainer.checkpoint_state(parts);
+        writer.save(&state, trainer.trained().param_specs())
     };
 
     let bar = if leader {

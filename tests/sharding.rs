@@ -1,8 +1,9 @@
 //! Sharded data parallelism under real mpirun: `[parallelism] sharding = "optimizer"` (ZeRO-1),
 //! `"gradients"` (ZeRO-2) and `"full"` (ZeRO-3) train as plain data parallelism does (gradient
 //! clipping active: norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with
-//! tensor parallelism, gradient accumulation, recomputation and shard groups (HSDP); checkpoints
-//! hold whole tensors, so a run resumes at another level; layouts that cannot shard are refused.
+//! tensor parallelism, gradient accumulation, recomputation and shard groups (HSDP); each rank
+//! checkpoints the parts of the state it owns, and a run resumes from them at another level or
+//! data-parallel size; layouts that cannot shard are refused.
 //! The plain TP2 × DP2 run they are held against overlaps its gradient all-reduces with backward.
 
 mod common;
@@ -10,7 +11,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{assert_same_records, ok, records, temp_dir, train};
+use common::{assert_same_records, flux_hpc, ok, records, temp_dir, train};
 use tch::Tensor;
 
 const STEPS: [&str; 4] = [
@@ -29,6 +30,16 @@ const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
 
 fn with(extra: &[&'static str]) -> Vec<&'static str> {
     [&STEPS[..], extra].concat()
+}
+
+/// Copy run directory `from` (its metrics, `latest` and checkpoints) to `to`.
+fn copy_run(from: &Path, to: &Path) {
+    ok(&std::process::Command::new("cp")
+        .arg("-r")
+        .arg(from)
+        .arg(to)
+        .output()
+        .unwrap());
 }
 
 /// Assert that two runs' final weights file `file` holds the same tensors to `tolerance`.
@@ -51,8 +62,9 @@ fn assert_same_final(a: &Path, b: &Path, file: &str, tolerance: f64) {
 fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_unsharded() {
     let dir = temp_dir("sharding");
     let keys = ["loss", "grad_norm", "eval_loss"];
-    // f32: one process against two ranks with sharded optimizer, stopped after step 3 and
-    // resumed with everything sharded (checkpoints hold whole tensors, whatever the level).
+    // f32: one process against two ranks with sharded optimizer, stopped after step 3 (each rank
+    // writes the parts of the state it owns) and resumed with everything sharded, and as one
+    // process.
     let (one, sharded) = (dir.join("one"), dir.join("sharded"));
     ok(&train(None, &one, &STEPS));
     ok(&train(
@@ -65,9 +77,28 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
             "--stop-after 3",
         ]),
     ));
+    let step3 = sharded.join("step_000000003");
+    let mut files: Vec<String> = std::fs::read_dir(&step3)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["tp_00_dp_000.h5", "tp_00_dp_001.h5"]);
+    let alone = dir.join("alone");
+    copy_run(&sharded, &alone);
+    // A part missing is refused, naming it.
+    let broken = dir.join("broken");
+    copy_run(&sharded, &broken);
+    std::fs::remove_file(broken.join("step_000000003/tp_00_dp_001.h5")).unwrap();
+    let out = flux_hpc(&["ckpt", "inspect", broken.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("missing tp_00_dp_001.h5"), "{stderr}");
     ok(&train(Some(2), &sharded, &with(&[FULL, SMALL_BUCKETS])));
+    ok(&train(None, &alone, &STEPS));
     let a = records(&one);
     assert_same_records(&a, &records(&sharded), &keys, 1e-5);
+    assert_same_records(&a[4..], &records(&alone)[4..], &keys, 1e-5);
     assert!(a[1..]
         .iter()
         .all(|r| r["grad_norm"].as_f64().unwrap() > 1.0));
@@ -114,24 +145,36 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
 
     // HSDP: four replicas in shard groups of two, each level (full sharding with TP2 as well,
     // on 8 ranks); the groups' shares are summed across them (two micro-batches per replica).
+    // The TP2 run stops after step 3, where only the first shard group writes its parts
+    // (2 × 2 files), and resumes as one process: another tensor-parallel size, data-parallel
+    // size and sharding level.
     for (level, tp) in [(SHARDED, 1), (GRADIENTS, 1), (FULL, 2)] {
         let hsdp = dir.join("hsdp");
         let tp_size = format!("parallelism.tensor_parallel_size={tp}");
-        ok(&train(
-            Some(4 * tp),
-            &hsdp,
+        let mut args = [
+            &STEPS[..],
             &[
-                &STEPS[..],
-                &[
-                    level,
-                    SMALL_BUCKETS,
-                    "parallelism.shard_group_size=2",
-                    "training.micro_batch_size=1",
-                    &tp_size,
-                ],
-            ]
-            .concat(),
-        ));
+                level,
+                SMALL_BUCKETS,
+                "parallelism.shard_group_size=2",
+                "training.micro_batch_size=1",
+                &tp_size,
+            ],
+        ]
+        .concat();
+        if tp == 2 {
+            args.push("--stop-after 3");
+        }
+        ok(&train(Some(4 * tp), &hsdp, &args));
+        if tp == 2 {
+            assert_eq!(
+                std::fs::read_dir(hsdp.join("step_000000003"))
+                    .unwrap()
+                    .count(),
+                4
+            );
+            ok(&train(None, &hsdp, &STEPS));
+        }
         assert_same_records(&a, &records(&hsdp), &keys, 1e-5);
         assert_same_final(&one, &hsdp, "final.safetensors", 1e-5);
         std::fs::remove_dir_all(hsdp).unwrap();

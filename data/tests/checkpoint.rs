@@ -48,6 +48,7 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
             exp_avg,
             exp_avg_sq,
             ema: None,
+            parts: None,
         },
     }
 }
@@ -182,5 +183,61 @@ fn latest_pointing_nowhere_is_an_error() {
         .to_string();
     assert!(err.contains("tp_00.h5: is a FIFO"), "{err}");
     assert!(checkpoint::latest(&temp("empty")).unwrap().is_none());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Write `weight`'s flattened elements split at `cuts` as data-parallel parts, one file each.
+fn write_parts(
+    dir: &Path,
+    spec: &ParamSpec,
+    weight: &Tensor,
+    cuts: &[(usize, usize)],
+) -> Vec<PathBuf> {
+    let flat = weight.flatten(0, -1);
+    cuts.iter()
+        .enumerate()
+        .map(|(dp, &(start, end))| {
+            let path = dir.join(checkpoint::part_file_name(0, dp));
+            let file = hdf5::File::create(&path).unwrap();
+            let group = file.create_group("params").unwrap();
+            let part = flat.slice(0, start as i64, end as i64, 1);
+            checkpoint::write_part(&group, spec, &weight.size(), start, &part, &path).unwrap();
+            path
+        })
+        .collect()
+}
+
+#[test]
+fn data_parallel_parts_reassemble_and_a_gap_is_refused() {
+    let dir = temp("parts");
+    let spec = &specs(1)[0];
+    let weight = Tensor::randn([8, 3], (Kind::Float, Device::Cpu));
+    let read = |paths: &[PathBuf]| {
+        let files: Vec<hdf5::File> = paths.iter().map(|p| hdf5::File::open(p).unwrap()).collect();
+        let pairs: Vec<(&Path, &hdf5::File)> =
+            paths.iter().map(PathBuf::as_path).zip(&files).collect();
+        checkpoint::read_tensor(&pairs, "params", &spec.name, 1)
+    };
+
+    // Parts written in any order, one of them empty (a rank owning none of a small tensor).
+    let paths = write_parts(&dir, spec, &weight, &[(10, 24), (0, 10), (24, 24)]);
+    let (read_back, read_spec) = read(&paths).unwrap();
+    assert!(read_back.equal(&weight));
+    // The layout is stored; how gradients are synchronised is not.
+    let layout = |s: &ParamSpec| (s.shape.clone(), s.split_dim, s.parts.clone());
+    assert_eq!(layout(&read_spec), layout(spec));
+
+    // Elements 10..12 held by no part.
+    let paths = write_parts(&dir, spec, &weight, &[(0, 10), (12, 24)]);
+    let err = read(&paths).unwrap_err().to_string();
+    assert!(err.contains("does not continue"), "{err}");
+
+    // The last elements held by no part.
+    let paths = write_parts(&dir, spec, &weight, &[(0, 10), (10, 20)]);
+    let err = read(&paths).unwrap_err().to_string();
+    assert!(
+        err.contains("parts hold 20 of the shard's 24 elements"),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -317,6 +317,8 @@ struct CheckpointCase {
     parts: Vec<i64>,
     names: String,
     files: usize,
+    /// Root attributes `dp_rank` (0) and `dp_size` of a file of data-parallel parts.
+    dp_size: Option<u64>,
     /// No field was made hostile: the checkpoint must load.
     pristine: bool,
 }
@@ -358,6 +360,7 @@ fn valid_checkpoint() -> impl Strategy<Value = CheckpointCase> {
                     .join(","),
                 parts,
                 files: tp,
+                dp_size: None,
                 pristine: true,
             }
         })
@@ -365,10 +368,10 @@ fn valid_checkpoint() -> impl Strategy<Value = CheckpointCase> {
 
 /// A consistent checkpoint with at most one field made hostile.
 fn checkpoint_case() -> impl Strategy<Value = CheckpointCase> {
-    (valid_checkpoint(), 0usize..10, sizes(4), any::<u64>()).prop_map(
+    (valid_checkpoint(), 0usize..11, sizes(4), any::<u64>()).prop_map(
         |(mut case, field, hostile, word)| {
             let small = word % 5;
-            case.pristine = field >= 9;
+            case.pristine = field >= 10;
             match field {
                 0 => case.version = small,
                 1 => case.tp_size = [0, 1, 2, 3, u64::MAX][small as usize],
@@ -379,6 +382,7 @@ fn checkpoint_case() -> impl Strategy<Value = CheckpointCase> {
                 6 => case.parts = hostile,
                 7 => case.names = [",", "", "a", "a,b,c", "p0"][small as usize].to_string(),
                 8 => case.files = 1 + small as usize % 3,
+                9 => case.dp_size = Some([0, 2, 3, u64::MAX, 1 << 40][small as usize]),
                 _ => {}
             }
             case
@@ -409,6 +413,10 @@ fn write_checkpoint_file(path: &Path, case: &CheckpointCase, rank: u64) -> hdf5:
     }
     u64_attr(&file, "tp_size", case.tp_size)?;
     u64_attr(&file, "tp_rank", case.tp_rank.wrapping_add(rank))?;
+    if let Some(dp_size) = case.dp_size {
+        u64_attr(&file, "dp_rank", 0)?;
+        u64_attr(&file, "dp_size", dp_size)?;
+    }
     str_attr(&file, "config", "")?;
     let group = file.create_group("params")?;
     let n: usize = case.stored.iter().product();

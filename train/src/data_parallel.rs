@@ -58,6 +58,19 @@ pub trait DpOptimizer {
     /// holds, whatever the sharding; a collective when sharded).
     fn state(&self) -> OptimizerState;
 
+    /// As [`DpOptimizer::state`], but each tensor only this rank's part of it, with
+    /// [`flux_data::checkpoint::DpParts`] saying where the parts go (no collective): for a
+    /// checkpoint each rank writes its own part of. `None` when every rank holds whole tensors.
+    fn state_parts(&self) -> Option<OptimizerState> {
+        None
+    }
+
+    /// Tensors laid out like [`DpOptimizer::masters`] as this rank's part of each parameter, in
+    /// spec order, as [`DpOptimizer::state_parts`] lays them out (`None` when it gives none).
+    fn parts_of(&self, _local: &[Tensor]) -> Option<Vec<Tensor>> {
+        None
+    }
+
     /// Continue from `state` (one tensor per parameter): masters, moments, step counter, and the
     /// model's weights set from the masters.
     fn load_state(&mut self, state: OptimizerState);

@@ -90,6 +90,7 @@ impl AdamW {
             exp_avg: take(|s| &s.exp_avg),
             exp_avg_sq: take(|s| &s.exp_avg_sq),
             ema: None,
+            parts: None,
         }
     }
 

@@ -20,7 +20,7 @@
 
 use std::rc::Rc;
 
-use flux_data::checkpoint::OptimizerState;
+use flux_data::checkpoint::{DpParts, OptimizerState};
 use flux_model::residency::{install, Installation};
 use flux_model::tp::{Collective, DpGroups, GradSync, ShardedStore};
 use tch::{Device, Kind, Tensor};
@@ -268,6 +268,37 @@ impl<'a> ShardedAdamW<'a> {
         }
     }
 
+    /// Tensors laid out per segment (`local`, like the masters) as each parameter's part in spec
+    /// order (empty where this rank owns none of it: a parameter lies in one bucket, so a rank
+    /// owns at most one contiguous part of it), and where the parts go.
+    fn parts(&self, local: &[Tensor]) -> (Vec<Tensor>, DpParts) {
+        let n = self.params.len();
+        let mut tensors: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        let mut offsets = vec![0; n];
+        for (s, t) in self.layout.segments().zip(local) {
+            let i = self.spec_of[s.param];
+            tensors[i] = Some(t.shallow_clone());
+            offsets[i] = s.in_param;
+        }
+        let mut local_shapes = vec![Vec::new(); n];
+        for (p, &i) in self.spec_of.iter().enumerate() {
+            local_shapes[i] = self.params[p].size();
+        }
+        let device = self.exp_avg.device();
+        let tensors = tensors
+            .into_iter()
+            .map(|t| t.unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, device))))
+            .collect();
+        let parts = DpParts {
+            dp_rank: self.shard.rank(),
+            dp_size: self.shard.size(),
+            offsets,
+            local_shapes,
+            writes: self.across.rank() == 0,
+        };
+        (tensors, parts)
+    }
+
     /// One view per segment of `[owned]` state tensor `t`.
     fn state_parts(&self, t: &Tensor) -> Vec<Tensor> {
         self.layout
@@ -429,7 +460,24 @@ impl DpOptimizer for ShardedAdamW<'_> {
             exp_avg: self.per_param(&self.state_parts(&self.exp_avg)),
             exp_avg_sq: self.per_param(&self.state_parts(&self.exp_avg_sq)),
             ema: None,
+            parts: None,
         }
+    }
+
+    fn state_parts(&self) -> Option<OptimizerState> {
+        let (params, parts) = self.parts(&self.masters());
+        Some(OptimizerState {
+            step: self.step as u64,
+            params,
+            exp_avg: self.parts(&self.state_parts(&self.exp_avg)).0,
+            exp_avg_sq: self.parts(&self.state_parts(&self.exp_avg_sq)).0,
+            ema: None,
+            parts: Some(parts),
+        })
+    }
+
+    fn parts_of(&self, local: &[Tensor]) -> Option<Vec<Tensor>> {
+        Some(self.parts(local).0)
     }
 
     fn load_state(&mut self, state: OptimizerState) {

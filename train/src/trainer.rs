@@ -490,13 +490,19 @@ impl<'a> Trainer<'a> {
     }
 
     /// This rank's part of a checkpoint: master weights, AdamW moments and the EMA (local
-    /// shards).
-    pub fn checkpoint_state(&self) -> TrainingState {
-        let mut optimizer = self.optimizer.state();
-        optimizer.ema = self
-            .ema
-            .as_ref()
-            .map(|e| self.optimizer.per_param(e.shadows()));
+    /// shards). With `parts`, a sharded optimizer gives only the parts this rank owns, for a
+    /// checkpoint every rank writes its own file of (no collective); otherwise whole shards,
+    /// gathered over the data-parallel group.
+    pub fn checkpoint_state(&self, parts: bool) -> TrainingState {
+        let sharded = parts.then(|| self.optimizer.state_parts()).flatten();
+        let mut optimizer = sharded.unwrap_or_else(|| self.optimizer.state());
+        optimizer.ema = self.ema.as_ref().map(|e| match optimizer.parts {
+            Some(_) => self
+                .optimizer
+                .parts_of(e.shadows())
+                .expect("an optimizer with parts lays out the EMA as parts"),
+            None => self.optimizer.per_param(e.shadows()),
+        });
         TrainingState {
             step: self.step,
             config: toml::to_string(&self.run).expect("configs serialise"),
@@ -583,6 +589,7 @@ impl<'a> Trainer<'a> {
             exp_avg,
             exp_avg_sq,
             ema: None,
+            parts: None,
         });
         self.step = checkpoint.step;
         self.consumed = self.data.counter(checkpoint.data);

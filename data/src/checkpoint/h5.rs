@@ -17,19 +17,51 @@ pub fn write_tensor(
     tensor: &Tensor,
     path: &Path,
 ) -> Result<(), DataError> {
-    let data = Vec::<f32>::try_from(
+    let dtype = format!("{:?}", tensor.kind());
+    write_values(
+        group,
+        spec,
+        &tensor.size(),
+        &f32_values(tensor),
+        &dtype,
+        path,
+    )
+    .map(drop)
+}
+
+/// Write `part` (this data-parallel rank's part of a shard of `spec` whose local shape is
+/// `local_shape`: the flattened shard's elements from `offset` on) as `group/name` in f32: a 1-D
+/// dataset with the shard attributes, `local_shape` and `offset`.
+pub fn write_part(
+    group: &hdf5::Group,
+    spec: &ParamSpec,
+    local_shape: &[i64],
+    offset: usize,
+    part: &Tensor,
+    path: &Path,
+) -> Result<(), DataError> {
+    let values = f32_values(part);
+    let dtype = format!("{:?}", part.kind());
+    let shape = [values.len() as i64];
+    let ds = write_values(group, spec, &shape, &values, &dtype, path)?;
+    write_i64s(&ds, "local_shape", local_shape, path)?;
+    write_u64(&ds, "offset", offset as u64, path)
+}
+
+/// `tensor`'s elements as f32 on the host, row-major.
+fn f32_values(tensor: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(
         tensor
             .to_kind(Kind::Float)
             .to_device(tch::Device::Cpu)
             .flatten(0, -1),
     )
-    .expect("f32 buffer");
-    let dtype = format!("{:?}", tensor.kind());
-    write_values(group, spec, &tensor.size(), &data, &dtype, path)
+    .expect("f32 buffer")
 }
 
 /// Write `values` (row-major, local shape `shape`, a shard of `spec`) as `group/name` in f32,
-/// with the shard attributes, the dtype name the values had in training and their CRC-32.
+/// with the shard attributes, the dtype name the values had in training and their CRC-32;
+/// returns the dataset for more attributes.
 pub fn write_values(
     group: &hdf5::Group,
     spec: &ParamSpec,
@@ -37,7 +69,7 @@ pub fn write_values(
     values: &[f32],
     dtype: &str,
     path: &Path,
-) -> Result<(), DataError> {
+) -> Result<hdf5::Dataset, DataError> {
     let name = &spec.name;
     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
     let ds = group
@@ -71,7 +103,8 @@ pub fn write_values(
             .join(","),
         path,
     )?;
-    write_str(&ds, "dtype", dtype, path)
+    write_str(&ds, "dtype", dtype, path)?;
+    Ok(ds)
 }
 
 /// CRC-32 of `values`' little-endian bytes, hashed in blocks (no full byte copy).
@@ -90,8 +123,10 @@ pub fn crc32_f32(values: &[f32]) -> u32 {
 pub struct StoredShard {
     /// Row-major f32 values.
     pub values: Vec<f32>,
-    /// Local (this file's) shape.
+    /// Local (this tensor-parallel rank's) shape.
     pub shape: Vec<i64>,
+    /// For a data-parallel part: where its values start among the shard's (flattened) elements.
+    pub offset: Option<usize>,
     /// The dtype the tensor had in training.
     pub kind: Kind,
     /// The logical tensor's layout (with the file's `tp_size`).
@@ -146,11 +181,19 @@ pub fn read_values(
         grad_sync: GradSync::Complete,
         all_reduce: None,
     };
-    let shape: Vec<i64> = ds.shape().iter().map(|&d| d as i64).collect();
+    // A data-parallel part is 1-D and says the shard's shape and where it starts.
+    let (shape, offset) = match ds.attr("offset") {
+        Ok(_) => (
+            read_i64s(&ds, "local_shape", path)?,
+            Some(read_u64(&ds, "offset", path)? as usize),
+        ),
+        Err(_) => (ds.shape().iter().map(|&d| d as i64).collect(), None),
+    };
     check_layout(&spec, &shape).map_err(|m| layout_error(path, &full, &m))?;
     Ok(StoredShard {
         values,
         shape,
+        offset,
         kind,
         spec,
     })
@@ -212,16 +255,63 @@ fn check_layout(spec: &ParamSpec, local: &[i64]) -> Result<(), String> {
     }
 }
 
-/// Read `group/name` as a tensor (in its saved dtype) with the spec it was a shard of.
+/// Read `group/name` as a tensor (in its saved dtype) with the spec it was a shard of, from
+/// `files` (path and file): one file holding the whole shard, or the data-parallel parts of it,
+/// which must tile its elements exactly.
 pub fn read_tensor(
-    group: &hdf5::Group,
+    files: &[(&Path, &hdf5::File)],
+    group: &str,
     name: &str,
     tp_size: i64,
-    path: &Path,
 ) -> Result<(Tensor, ParamSpec), DataError> {
-    let s = read_values(group, name, tp_size, path)?;
-    let t = Tensor::from_slice(&s.values)
-        .view(s.shape.as_slice())
-        .to_kind(s.kind);
-    Ok((t, s.spec))
+    let mut stored = Vec::with_capacity(files.len());
+    for (path, file) in files {
+        let g = file.group(group).map_err(h5err(path, group))?;
+        stored.push((*path, read_values(&g, name, tp_size, path)?));
+    }
+    stored.sort_by_key(|(_, s)| s.offset);
+    let (first_path, first) = &stored[0];
+    let values = match first.offset {
+        None => first.values.clone(),
+        Some(_) => {
+            let numel: i64 = first.shape.iter().product();
+            let mut values = vec![0f32; numel as usize];
+            let mut at = 0;
+            for (path, s) in &stored {
+                let full = format!("{group}/{name}");
+                // A rank may own none of a small tensor: its part is empty, anywhere.
+                let continues = s.offset == Some(at) || s.values.is_empty();
+                if s.spec != first.spec || s.shape != first.shape || !continues {
+                    return Err(layout_error(
+                        path,
+                        &full,
+                        &format!(
+                            "a part from element {:?} does not continue the parts before it \
+                             (at {at}) of the shard in {}",
+                            s.offset,
+                            first_path.display()
+                        ),
+                    ));
+                }
+                let end = at + s.values.len();
+                if end > values.len() {
+                    return Err(layout_error(path, &full, "parts overrun the shard"));
+                }
+                values[at..end].copy_from_slice(&s.values);
+                at = end;
+            }
+            if at != values.len() {
+                return Err(layout_error(
+                    first_path,
+                    &format!("{group}/{name}"),
+                    &format!("parts hold {at} of the shard's {} elements", values.len()),
+                ));
+            }
+            values
+        }
+    };
+    let t = Tensor::from_slice(&values)
+        .view(first.shape.as_slice())
+        .to_kind(first.kind);
+    Ok((t, first.spec.clone()))
 }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use flux_model::tp::{Collective, ParamSpec, TpContext};
 use tch::Tensor;
 
-pub use h5::{crc32_f32, read_tensor, write_values};
+pub use h5::{crc32_f32, read_tensor, write_part, write_values};
 pub use reader::{inspect, load, Reader};
 
 use crate::dataset::DataPosition;
@@ -43,6 +43,29 @@ pub enum CheckpointLayout {
     Unified,
 }
 
+/// Which part of each tensor a data-parallel rank's [`OptimizerState`] holds when the state is
+/// sharded over the data-parallel group: each group's tensor `i` is then 1-D, the elements of
+/// parameter `i`'s (tensor-parallel-local, flattened) shard from `offsets[i]` on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DpParts {
+    /// This rank's index in the data-parallel group.
+    pub dp_rank: usize,
+    /// Ranks in the data-parallel group (parts per tensor).
+    pub dp_size: usize,
+    /// Per parameter (spec order): where this rank's part starts.
+    pub offsets: Vec<usize>,
+    /// Per parameter: the shape of the shard the parts make up.
+    pub local_shapes: Vec<Vec<i64>>,
+    /// Whether this rank writes its parts: under hybrid sharding ranks of other shard groups
+    /// hold the same parts, and only the first group's write them.
+    pub writes: bool,
+}
+
+/// The file of tensor-parallel rank `tp`'s data-parallel part `dp` in a checkpoint directory.
+pub fn part_file_name(tp: usize, dp: usize) -> String {
+    format!("tp_{tp:02}_dp_{dp:03}.h5")
+}
+
 /// AdamW's state on one rank: one local tensor per parameter spec, in spec order, in each group.
 pub struct OptimizerState {
     /// AdamW's step counter (bias correction).
@@ -55,6 +78,8 @@ pub struct OptimizerState {
     pub exp_avg_sq: Vec<Tensor>,
     /// f32 exponential moving average of the weights (group `ema`), when the run keeps one.
     pub ema: Option<Vec<Tensor>>,
+    /// When the tensors are this data-parallel rank's parts rather than whole shards.
+    pub parts: Option<DpParts>,
 }
 
 impl OptimizerState {
@@ -80,6 +105,7 @@ impl OptimizerState {
             exp_avg: each(&self.exp_avg),
             exp_avg_sq: each(&self.exp_avg_sq),
             ema: self.ema.as_deref().map(each),
+            parts: self.parts.clone(),
         }
     }
 }
@@ -147,6 +173,8 @@ struct Header<'a> {
     optimizer_step: u64,
     tp_rank: usize,
     tp_size: usize,
+    /// Data-parallel rank and size, for a file of parts.
+    dp: Option<(usize, usize)>,
     config: &'a str,
     data: DataPosition,
 }
@@ -165,6 +193,10 @@ fn write_h5(
         h5attr::write_u64(&file, "optimizer_step", header.optimizer_step, &tmp)?;
         h5attr::write_u64(&file, "tp_rank", header.tp_rank as u64, &tmp)?;
         h5attr::write_u64(&file, "tp_size", header.tp_size as u64, &tmp)?;
+        if let Some((rank, size)) = header.dp {
+            h5attr::write_u64(&file, "dp_rank", rank as u64, &tmp)?;
+            h5attr::write_u64(&file, "dp_size", size as u64, &tmp)?;
+        }
         h5attr::write_str(&file, "config", header.config, &tmp)?;
         h5attr::write_u64(&file, "data_epoch", header.data.epoch, &tmp)?;
         h5attr::write_u64(&file, "data_index", header.data.index, &tmp)?;
@@ -183,19 +215,24 @@ fn write_file(
     tp_rank: usize,
     tp_size: usize,
 ) -> Result<(), DataError> {
+    let parts = state.optimizer.parts.as_ref();
     let header = Header {
         step: state.step,
         optimizer_step: state.optimizer.step,
         tp_rank,
         tp_size,
+        dp: parts.map(|p| (p.dp_rank, p.dp_size)),
         config: &state.config,
         data: state.data,
     };
     write_h5(path, &header, |file, tmp| {
         for (group, tensors) in state.optimizer.groups() {
             let g = file.create_group(group).map_err(h5err(tmp, group))?;
-            for (spec, t) in specs.iter().zip(tensors) {
-                h5::write_tensor(&g, spec, t, tmp)?;
+            for (i, (spec, t)) in specs.iter().zip(tensors).enumerate() {
+                match parts {
+                    None => h5::write_tensor(&g, spec, t, tmp)?,
+                    Some(p) => h5::write_part(&g, spec, &p.local_shapes[i], p.offsets[i], t, tmp)?,
+                }
             }
         }
         Ok(())
@@ -228,6 +265,7 @@ pub fn write_weights(
         optimizer_step: 0,
         tp_rank: 0,
         tp_size: 1,
+        dp: None,
         config,
         data: DataPosition::default(),
     };
@@ -258,7 +296,8 @@ pub struct CheckpointWriter<'a> {
     pub keep: usize,
     /// This rank's tensor-parallel group.
     pub tp: &'a TpContext,
-    /// This rank's data-parallel index (only index 0 of each tensor-parallel group writes).
+    /// This rank's data-parallel index (only index 0 of each tensor-parallel group writes whole
+    /// shards; every rank writes its parts of a sharded state).
     pub dp_rank: usize,
     /// Every rank.
     pub world: &'a dyn Collective,
@@ -266,8 +305,9 @@ pub struct CheckpointWriter<'a> {
 
 impl CheckpointWriter<'_> {
     /// Write `state` (local shards of `specs`) as checkpoint `state.step`. Sharded: data-parallel
-    /// rank 0 of each tensor-parallel group writes `tp_XX.h5`. Unified: tensors are gathered over
-    /// the group and world rank 0 writes `model.h5`. Publishes `latest` and applies retention.
+    /// rank 0 of each tensor-parallel group writes `tp_XX.h5`, or, when `state` holds each rank's
+    /// parts ([`DpParts`]), every rank writes its own `tp_XX_dp_YYY.h5`. Unified: tensors are
+    /// gathered over the group and world rank 0 writes `model.h5` (whole shards only). Publishes `latest` and applies retention.
     /// On failure every rank gets an error and no `.partial` directory is left behind. Returns
     /// the checkpoint directory.
     pub fn save(&self, state: &TrainingState, specs: &[ParamSpec]) -> Result<PathBuf, DataError> {
@@ -300,8 +340,20 @@ impl CheckpointWriter<'_> {
         };
         settle(world, prepared, &dir)?;
 
-        let written = match self.layout {
-            CheckpointLayout::Sharded if self.dp_rank == 0 => {
+        let written = match (self.layout, &state.optimizer.parts) {
+            (CheckpointLayout::Sharded, Some(parts)) if parts.writes => write_file(
+                &partial.join(part_file_name(tp.rank(), parts.dp_rank)),
+                state,
+                specs,
+                tp.rank(),
+                tp.size(),
+            ),
+            (CheckpointLayout::Sharded, Some(_)) => Ok(()),
+            (CheckpointLayout::Unified, Some(_)) => Err(DataError::format(
+                partial,
+                "a unified checkpoint takes whole tensors, not data-parallel parts",
+            )),
+            (CheckpointLayout::Sharded, None) if self.dp_rank == 0 => {
                 let written = write_file(
                     &partial.join(format!("tp_{:02}.h5", tp.rank())),
                     state,
@@ -314,8 +366,8 @@ impl CheckpointWriter<'_> {
                 }
                 written
             }
-            CheckpointLayout::Sharded => Ok(()),
-            CheckpointLayout::Unified => {
+            (CheckpointLayout::Sharded, None) => Ok(()),
+            (CheckpointLayout::Unified, None) => {
                 let optimizer = state.optimizer.map(|i, t| tp.gather(&specs[i], t));
                 let logical: Vec<ParamSpec> = specs
                     .iter()

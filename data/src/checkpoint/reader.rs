@@ -9,20 +9,32 @@ use flux_model::tp::ParamSpec;
 use tch::Tensor;
 
 use crate::checkpoint::h5::{read_tensor, read_values};
-use crate::checkpoint::{LoadedCheckpoint, FORMAT_VERSION, GROUPS};
+use crate::checkpoint::{part_file_name, LoadedCheckpoint, FORMAT_VERSION, GROUPS};
 use crate::dataset::DataPosition;
 use crate::error::{io, DataError};
 use crate::h5attr::{h5err, read_str, read_u64};
 
-/// The open files of one checkpoint, in tensor-parallel rank order.
+/// The open files of one checkpoint, in tensor-parallel rank order: one per rank, or, for a
+/// run whose optimizer state was sharded over data-parallel ranks, one per (tensor-parallel,
+/// data-parallel) rank, each holding a part of every tensor.
 pub struct Reader {
     dir: PathBuf,
-    paths: Vec<PathBuf>,
-    files: Vec<hdf5::File>,
+    /// Per tensor-parallel rank, its files in data-parallel rank order.
+    files: Vec<Vec<(PathBuf, hdf5::File)>>,
     tp_size: usize,
 }
 
-fn open(path: &Path) -> Result<(hdf5::File, u64), DataError> {
+/// Most part files a missing-file error names one by one.
+const MAX_LISTED_PARTS: usize = 4096;
+
+/// A checkpoint file's place: its tensor-parallel rank and size, and its data-parallel rank and
+/// size (0 of 1 for a file holding whole shards).
+struct Place {
+    tp: (usize, usize),
+    dp: (usize, usize),
+}
+
+fn open(path: &Path) -> Result<(hdf5::File, Place), DataError> {
     crate::files::require_regular(path)?;
     let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
     let version = read_u64(&file, "format_version", path)?;
@@ -32,13 +44,23 @@ fn open(path: &Path) -> Result<(hdf5::File, u64), DataError> {
             format!("format version {version}, this build reads {FORMAT_VERSION}"),
         ));
     }
-    let tp_size = read_u64(&file, "tp_size", path)?;
-    Ok((file, tp_size))
+    let attr = |name: &str, default: u64| match file.attr(name) {
+        Ok(_) => read_u64(&file, name, path),
+        Err(_) => Ok(default),
+    };
+    let place = Place {
+        tp: (
+            attr("tp_rank", 0)? as usize,
+            read_u64(&file, "tp_size", path)? as usize,
+        ),
+        dp: (attr("dp_rank", 0)? as usize, attr("dp_size", 1)? as usize),
+    };
+    Ok((file, place))
 }
 
 impl Reader {
     /// Open checkpoint `dir`: every `.h5` file, checking the version and that there is one file
-    /// per tensor-parallel rank.
+    /// per tensor-parallel rank, or one per data-parallel part of each.
     pub fn open(dir: &Path) -> Result<Self, DataError> {
         let mut paths: Vec<PathBuf> = fs::read_dir(dir)
             .map_err(io(dir))?
@@ -49,40 +71,78 @@ impl Reader {
         let Some(first) = paths.first() else {
             return Err(DataError::format(dir, "holds no .h5 files"));
         };
-        let tp_size = open(first)?.1 as usize;
-        if paths.len() != tp_size {
+        let Place {
+            tp: (_, tp_size),
+            dp: (_, dp_size),
+        } = open(first)?.1;
+        // The sizes are read from a file: a hostile one must not overflow or be iterated.
+        let expected = tp_size.checked_mul(dp_size);
+        if expected != Some(paths.len()) {
+            let named = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
+            let present: Vec<String> = paths.iter().filter_map(named).collect();
+            let missing: Vec<String> = match expected {
+                Some(n) if dp_size > 1 && n <= MAX_LISTED_PARTS => (0..n)
+                    .map(|i| part_file_name(i / dp_size, i % dp_size))
+                    .filter(|n| !present.contains(n))
+                    .collect(),
+                _ => Vec::new(),
+            };
             return Err(DataError::format(
                 dir,
                 format!(
-                    "written at tensor-parallel size {tp_size} but holds {} file(s)",
-                    paths.len()
+                    "written at tensor-parallel size {tp_size} with {dp_size} data-parallel \
+                     part(s) per rank but holds {} file(s){}",
+                    paths.len(),
+                    match missing.is_empty() {
+                        true => String::new(),
+                        false => format!("; missing {}", missing.join(", ")),
+                    }
                 ),
             ));
         }
-        let files = paths
-            .iter()
-            .enumerate()
-            .map(|(rank, p)| {
-                let (file, size) = open(p)?;
-                let file_rank = read_u64(&file, "tp_rank", p)?;
-                if size as usize != tp_size || file_rank != rank as u64 {
-                    return Err(DataError::format(
-                        p,
-                        format!(
-                            "holds tensor-parallel rank {file_rank} of {size}; expected rank \
-                             {rank} of {tp_size}"
-                        ),
-                    ));
-                }
-                Ok(file)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut files: Vec<Vec<(PathBuf, hdf5::File)>> = (0..tp_size).map(|_| Vec::new()).collect();
+        for (i, p) in paths.into_iter().enumerate() {
+            let (file, place) = open(&p)?;
+            let expected = Place {
+                tp: (i / dp_size, tp_size),
+                dp: (i % dp_size, dp_size),
+            };
+            if (place.tp, place.dp) != (expected.tp, expected.dp) {
+                return Err(DataError::format(
+                    &p,
+                    format!(
+                        "holds tensor-parallel rank {} of {} (data-parallel part {} of {}); \
+                         expected rank {} of {tp_size} (part {} of {dp_size})",
+                        place.tp.0,
+                        place.tp.1,
+                        place.dp.0,
+                        place.dp.1,
+                        expected.tp.0,
+                        expected.dp.0
+                    ),
+                ));
+            }
+            files[expected.tp.0].push((p, file));
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
-            paths,
             files,
             tp_size,
         })
+    }
+
+    /// The first file.
+    fn first(&self) -> (&Path, &hdf5::File) {
+        let (path, file) = &self.files[0][0];
+        (path, file)
+    }
+
+    /// The files of tensor-parallel rank `rank`.
+    fn of_rank(&self, rank: usize) -> Vec<(&Path, &hdf5::File)> {
+        self.files[rank]
+            .iter()
+            .map(|(p, f)| (p.as_path(), f))
+            .collect()
     }
 
     /// Tensor-parallel size the checkpoint was written at.
@@ -92,17 +152,19 @@ impl Reader {
 
     /// A root attribute (integer) of the first file.
     pub fn attr_u64(&self, name: &str) -> Result<u64, DataError> {
-        read_u64(&self.files[0], name, &self.paths[0])
+        let (path, file) = self.first();
+        read_u64(file, name, path)
     }
 
     /// The run config the checkpoint was written with (TOML).
     pub fn config(&self) -> Result<String, DataError> {
-        read_str(&self.files[0], "config", &self.paths[0])
+        let (path, file) = self.first();
+        read_str(file, "config", path)
     }
 
     /// Whether the checkpoint holds `group` (weights-only checkpoints hold only `params`).
     pub fn has_group(&self, group: &str) -> bool {
-        self.files[0].group(group).is_ok()
+        self.first().1.group(group).is_ok()
     }
 
     /// Tensor names of `group`, sorted; every file must hold the same ones.
@@ -112,14 +174,15 @@ impl Reader {
                 .and_then(|g| g.member_names())
                 .map_err(h5err(path, group))
         };
-        let names = names_in(&self.files[0], &self.paths[0])?;
-        for (file, path) in self.files.iter().zip(&self.paths).skip(1) {
+        let (first_path, first) = self.first();
+        let names = names_in(first, first_path)?;
+        for (path, file) in self.files.iter().flatten().skip(1) {
             if names_in(file, path)? != names {
                 return Err(DataError::format(
                     path,
                     format!(
                         "group `{group}` holds other tensors than in {}",
-                        self.paths[0].display()
+                        first_path.display()
                     ),
                 ));
             }
@@ -131,12 +194,12 @@ impl Reader {
     pub fn logical(&self, group: &str, name: &str) -> Result<Tensor, DataError> {
         let mut shards = Vec::with_capacity(self.tp_size);
         let mut spec: Option<ParamSpec> = None;
-        for (file, path) in self.files.iter().zip(&self.paths) {
-            let g = file.group(group).map_err(h5err(path, group))?;
-            let (t, s) = read_tensor(&g, name, self.tp_size as i64, path)?;
+        for rank in 0..self.tp_size {
+            let files = self.of_rank(rank);
+            let (t, s) = read_tensor(&files, group, name, self.tp_size as i64)?;
             if spec.as_ref().is_some_and(|first| *first != s) {
                 return Err(DataError::format(
-                    path,
+                    files[0].0,
                     format!("`{group}/{name}` is laid out differently than in the first file"),
                 ));
             }
@@ -149,11 +212,10 @@ impl Reader {
     /// The logical tensor `group/name` as row-major f32 values; a single-file checkpoint is
     /// read without an intermediate tensor.
     pub fn logical_values(&self, group: &str, name: &str) -> Result<Vec<f32>, DataError> {
-        if self.tp_size == 1 {
-            let g = self.files[0]
-                .group(group)
-                .map_err(h5err(&self.paths[0], group))?;
-            return Ok(read_values(&g, name, 1, &self.paths[0])?.values);
+        if self.tp_size == 1 && self.files[0].len() == 1 {
+            let (path, file) = self.first();
+            let g = file.group(group).map_err(h5err(path, group))?;
+            return Ok(read_values(&g, name, 1, path)?.values);
         }
         let t = self.logical(group, name)?.to_kind(tch::Kind::Float);
         Ok(Vec::<f32>::try_from(t.flatten(0, -1)).expect("an f32 tensor"))
@@ -161,17 +223,16 @@ impl Reader {
 
     /// One line per parameter: name, logical shape, dtype and shard layout.
     pub fn describe(&self) -> Result<Vec<String>, DataError> {
-        let (file, path) = (&self.files[0], &self.paths[0]);
         let mut lines = vec![format!(
-            "{}: step {}, {} file(s), tensor-parallel size {}",
+            "{}: step {}, {} file(s), tensor-parallel size {}, {} data-parallel part(s) per rank",
             self.dir.display(),
             self.attr_u64("step")?,
-            self.paths.len(),
-            self.tp_size
+            self.files.iter().map(Vec::len).sum::<usize>(),
+            self.tp_size,
+            self.files[0].len()
         )];
-        let g = file.group("params").map_err(h5err(path, "params"))?;
         for name in self.names("params")? {
-            let (t, spec) = read_tensor(&g, &name, self.tp_size as i64, path)?;
+            let (t, spec) = read_tensor(&self.of_rank(0), "params", &name, self.tp_size as i64)?;
             let split = match spec.split_dim {
                 None => "replicated".to_string(),
                 Some(d) if spec.parts.is_empty() => format!("split dim {d}"),
