@@ -139,7 +139,7 @@ fn a_tp2_checkpoint_resumes_at_tp1_and_a_unified_one_at_tp2() {
     assert!(!missing.status.success());
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(
-        stderr.contains("written at tensor-parallel size 2 but holds 1 file(s)"),
+        stderr.contains("written at tensor-parallel size 2 but holds 1 file(s); missing tp_01.h5"),
         "{stderr}"
     );
     std::fs::remove_dir_all(broken).unwrap();

@@ -80,18 +80,25 @@ impl Reader {
         if expected != Some(paths.len()) {
             let named = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
             let present: Vec<String> = paths.iter().filter_map(named).collect();
+            let file_name = |i: usize| match dp_size {
+                1 => format!("tp_{i:02}.h5"),
+                _ => part_file_name(i / dp_size, i % dp_size),
+            };
             let missing: Vec<String> = match expected {
-                Some(n) if dp_size > 1 && n <= MAX_LISTED_PARTS => (0..n)
-                    .map(|i| part_file_name(i / dp_size, i % dp_size))
+                Some(n) if n <= MAX_LISTED_PARTS => (0..n)
+                    .map(file_name)
                     .filter(|n| !present.contains(n))
                     .collect(),
                 _ => Vec::new(),
             };
+            let parts = match dp_size {
+                1 => String::new(),
+                _ => format!(" with {dp_size} data-parallel part(s) per rank"),
+            };
             return Err(DataError::format(
                 dir,
                 format!(
-                    "written at tensor-parallel size {tp_size} with {dp_size} data-parallel \
-                     part(s) per rank but holds {} file(s){}",
+                    "written at tensor-parallel size {tp_size}{parts} but holds {} file(s){}",
                     paths.len(),
                     match missing.is_empty() {
                         true => String::new(),
