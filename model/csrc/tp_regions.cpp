@@ -3,9 +3,14 @@
 //   copy_to_region:     forward identity,          backward all-reduce(grad)
 //   reduce_from_region: forward all-reduce(input), backward identity
 //
-// The all-reduce itself is a callback into Rust (the MPI communicator lives there); tch has no
-// Rust-side custom autograd function, so these two small nodes are the bridge. Tensors cross the
-// boundary as `at::Tensor*`, the representation tch's C API uses.
+// and, for sequence parallelism, one node that applies a sequence operation forward and another
+// backward, each one of: split (keep this rank's slice of the sequence dimension, no
+// communication), all-gather along the sequence, reduce-scatter along the sequence.
+//
+// The collectives themselves are callbacks into Rust (the MPI communicator lives there); tch has
+// no Rust-side custom autograd function, so these small nodes are the bridge. Tensors cross the
+// boundary as `at::Tensor*`, the representation tch's C API uses. The nodes lay the sequence out
+// rank-major so that the callbacks move flat contiguous buffers.
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
@@ -16,6 +21,14 @@ namespace {
 // Sum `t` (contiguous, owned by the caller) in place across the group behind `handle`.
 // `kind` is 0 for a forward reduction and 1 for a backward one (the Rust side counts them).
 using reduce_fn = void (*)(void* handle, at::Tensor* t, int32_t kind);
+
+// Gather (`op` 1: `in` [n] → `out` [size·n], rank-major) or reduce-scatter (`op` 2: `in`
+// [size·n] → `out` [n], block `rank` of the sum) across the group behind `handle`; both
+// contiguous, of one dtype and device. `pass` is 0 forward, 1 backward.
+using sequence_fn = void (*)(void* handle, int32_t op, at::Tensor* in, at::Tensor* out,
+                             int32_t pass);
+
+enum SequenceOp : int64_t { kSplit = 0, kGather = 1, kReduceScatter = 2 };
 
 thread_local std::string last_error;
 
@@ -55,6 +68,80 @@ struct ReduceFromRegion : public torch::autograd::Function<ReduceFromRegion> {
   }
 };
 
+// What a sequence node needs to run its operations.
+struct SequenceArgs {
+  int64_t dim, rank, size, fn, handle;
+
+  static SequenceArgs saved(const torch::autograd::AutogradContext* ctx) {
+    const auto& d = ctx->saved_data;
+    return {d.at("dim").toInt(), d.at("rank").toInt(), d.at("size").toInt(), d.at("fn").toInt(),
+            d.at("handle").toInt()};
+  }
+
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["rank"] = rank;
+    ctx->saved_data["size"] = size;
+    ctx->saved_data["fn"] = fn;
+    ctx->saved_data["handle"] = handle;
+  }
+
+  void call(int64_t op, at::Tensor& in, at::Tensor& out, int32_t pass) const {
+    reinterpret_cast<sequence_fn>(fn)(reinterpret_cast<void*>(handle), static_cast<int32_t>(op),
+                                      &in, &out, pass);
+  }
+
+  // `x` with its dimension `dim` (the sequence) split, gathered or reduce-scattered.
+  at::Tensor apply(int64_t op, const at::Tensor& x, int32_t pass) const {
+    auto sizes = x.sizes().vec();
+    switch (op) {
+      case kSplit:
+        TORCH_CHECK(sizes[dim] % size == 0, "sequence length ", sizes[dim],
+                    " does not divide over ", size, " ranks");
+        return x.narrow(dim, rank * (sizes[dim] / size), sizes[dim] / size)
+            .clone(at::MemoryFormat::Contiguous);
+      case kGather: {
+        auto in = x.contiguous();
+        auto stacked = sizes;
+        stacked.insert(stacked.begin(), size);
+        auto all = at::empty(stacked, in.options());  // [size, .., S/size, ..]
+        call(op, in, all, pass);
+        sizes[dim] *= size;
+        return all.movedim(0, dim).reshape(sizes);
+      }
+      case kReduceScatter: {
+        TORCH_CHECK(sizes[dim] % size == 0, "sequence length ", sizes[dim],
+                    " does not divide over ", size, " ranks");
+        auto blocks = sizes;
+        blocks[dim] /= size;
+        blocks.insert(blocks.begin() + dim, size);  // [.., size, S/size, ..]
+        auto in = x.reshape(blocks).movedim(dim, 0).contiguous();
+        sizes[dim] /= size;
+        auto out = at::empty(sizes, x.options());
+        call(op, in, out, pass);
+        return out;
+      }
+      default:
+        TORCH_CHECK(false, "unknown sequence operation ", op);
+    }
+  }
+};
+
+struct SequenceRegion : public torch::autograd::Function<SequenceRegion> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t forward_op, int64_t backward_op, SequenceArgs args) {
+    args.save(ctx);
+    ctx->saved_data["backward_op"] = backward_op;
+    return args.apply(forward_op, x, 0);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto op = ctx->saved_data.at("backward_op").toInt();
+    return {SequenceArgs::saved(ctx).apply(op, grads[0], 1), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 template <typename F>
 at::Tensor* guarded(F&& f) {
   try {
@@ -78,6 +165,16 @@ at::Tensor* flux_tp_copy_to_region(const at::Tensor* x, reduce_fn fn, void* hand
 at::Tensor* flux_tp_reduce_from_region(const at::Tensor* x, reduce_fn fn, void* handle) {
   return guarded([&] {
     return ReduceFromRegion::apply(*x, reinterpret_cast<int64_t>(fn), reinterpret_cast<int64_t>(handle));
+  });
+}
+
+at::Tensor* flux_tp_sequence_region(const at::Tensor* x, int64_t forward_op, int64_t backward_op,
+                                     int64_t dim, int64_t rank, int64_t size, sequence_fn fn,
+                                     void* handle) {
+  return guarded([&] {
+    SequenceArgs args{dim, rank, size, reinterpret_cast<int64_t>(fn),
+                      reinterpret_cast<int64_t>(handle)};
+    return SequenceRegion::apply(*x, forward_op, backward_op, args);
   });
 }
 

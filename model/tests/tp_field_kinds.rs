@@ -4,7 +4,8 @@
 //! shared-memory collective) against one. Outputs agree to 1e-6 and every gathered gradient to
 //! 1e-6 of its largest entry (f32; the ranks sum partial products in another order, and the
 //! LayerNorm over a 0.02-scale table scales the embedding's gradient up ~50×), and the group
-//! issues exactly the all-reduces the specs predict.
+//! issues exactly the all-reduces the specs predict. The sequence-parallel regions slice, gather
+//! and reduce-scatter tokens in rank order on three ranks.
 
 mod common;
 
@@ -112,7 +113,8 @@ fn two_ranks_match_one_with_every_field_kind() {
         CollectiveCounts {
             forward: 2,
             backward: 1,
-            grad_sync: 1
+            grad_sync: 1,
+            sequence: 0,
         }
     );
     for (rank, handle) in ranks.into_iter().enumerate() {
@@ -121,5 +123,52 @@ fn two_ranks_match_one_with_every_field_kind() {
         assert!(dy <= TOLERANCE, "rank {rank}: output max|Δ| {dy:e}");
         common::threads::assert_grads_match(rank, &grads1, &grads2, TOLERANCE);
         assert_eq!(counts, expected, "rank {rank}");
+    }
+}
+
+#[test]
+fn sequence_regions_slice_gather_and_reduce_scatter_the_tokens_in_rank_order() {
+    // Three ranks, `x [2, 6, 4]` on each: sliced to 2 tokens, gathered into a "column-parallel"
+    // region, weighted per rank (partial sums), reduce-scattered back to slices and gathered
+    // whole. One process computes the same `e = 2 x (w_0 + w_1 + w_2)`; every rank's `x`
+    // gradient is the whole one, gathered from the slices.
+    let x = Tensor::randn([2, 6, 4], (Kind::Float, Device::Cpu));
+    let probe = Tensor::randn([2, 6, 4], (Kind::Float, Device::Cpu));
+    let weight = |rank: usize| 1.0 + rank as f64 * 0.5;
+    let total: f64 = (0..3).map(weight).sum();
+    let expected = &x * (2.0 * total);
+    let expected_grad = &probe * (2.0 * total);
+    let ranks: Vec<_> = ThreadGroup::group(3)
+        .into_iter()
+        .map(|comm| {
+            let (x, probe) = (x.copy().set_requires_grad(true), probe.copy());
+            std::thread::spawn(move || {
+                let tp = TpContext::new(Box::new(comm)).with_sequence_parallel(true);
+                let slice = tp.scatter_sequence(&x);
+                assert_eq!(slice.size(), [2, 2, 4]);
+                let whole = tp.column_input(&(slice * 2.0));
+                let partial = whole * weight(tp.rank());
+                let summed = tp.row_output(&partial);
+                assert_eq!(summed.size(), [2, 2, 4]);
+                let e = tp.gather_sequence(&summed);
+                (&e * &probe).sum(Kind::Float).backward();
+                (e.detach(), x.grad(), tp.counts().sequence)
+            })
+        })
+        .collect();
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let (e, grad, sequence) = handle.join().unwrap();
+        // Relative to the largest entry: the ranks' partial products are summed in f32.
+        let relative =
+            |a: &Tensor, b: &Tensor| ((a - b).abs().max() / b.abs().max()).double_value(&[]);
+        let (de, dg) = (relative(&e, &expected), relative(&grad, &expected_grad));
+        assert!(
+            de <= TOLERANCE && dg <= TOLERANCE,
+            "rank {rank}: {de:e} {dg:e}"
+        );
+        // Gathers: the column input and the whole output forward, the row output's and the
+        // slice's gradients backward (4); reduce-scatters: the row output forward, the column
+        // input's gradient backward (2). Slicing moves nothing.
+        assert_eq!(sequence, 6, "rank {rank}");
     }
 }

@@ -14,6 +14,25 @@ use torch_sys::C_tensor;
 use crate::tp::{Collective, ParamSpec, Pass, SingleRank};
 
 type ReduceFn = unsafe extern "C" fn(handle: *mut c_void, t: *mut C_tensor, kind: i32);
+type SequenceFn = unsafe extern "C" fn(
+    handle: *mut c_void,
+    op: i32,
+    input: *mut C_tensor,
+    output: *mut C_tensor,
+    pass: i32,
+);
+
+/// The operations a sequence node applies along the sequence dimension (`csrc/tp_regions.cpp`).
+#[derive(Debug, Clone, Copy)]
+#[repr(i64)]
+enum SequenceOp {
+    /// Keep this rank's slice; no communication.
+    Split = 0,
+    /// All-gather every rank's slice, in rank order.
+    Gather = 1,
+    /// Sum over the group and keep this rank's slice of the sum.
+    ReduceScatter = 2,
+}
 
 extern "C" {
     fn flux_tp_copy_to_region(
@@ -24,6 +43,17 @@ extern "C" {
     fn flux_tp_reduce_from_region(
         x: *const C_tensor,
         f: ReduceFn,
+        handle: *mut c_void,
+    ) -> *mut C_tensor;
+    #[allow(clippy::too_many_arguments)]
+    fn flux_tp_sequence_region(
+        x: *const C_tensor,
+        forward_op: i64,
+        backward_op: i64,
+        dim: i64,
+        rank: i64,
+        size: i64,
+        f: SequenceFn,
         handle: *mut c_void,
     ) -> *mut C_tensor;
     fn flux_tp_last_error() -> *const c_char;
@@ -38,6 +68,8 @@ pub struct CollectiveCounts {
     pub backward: u64,
     /// Buckets of partial gradients summed after backward (QK-norm scales).
     pub grad_sync: u64,
+    /// All-gathers and reduce-scatters along the sequence, both passes (sequence parallelism).
+    pub sequence: u64,
 }
 
 impl CollectiveCounts {
@@ -55,6 +87,7 @@ impl CollectiveCounts {
                 .iter()
                 .any(|s| s.grad_sync == crate::tp::GradSync::SumOverGroup)
                 .into(),
+            sequence: 0,
         }
     }
 }
@@ -81,6 +114,46 @@ impl Group {
                 .to_kind(t.kind())
                 .to_device(t.device());
             tch::no_grad(|| t.shallow_clone().copy_(&summed));
+        }
+    }
+
+    /// Gather `input` into `output` (`op` Gather) or reduce-scatter it (`op` ReduceScatter); both
+    /// contiguous, of one dtype and device.
+    fn sequence_collective(&self, op: i32, input: &Tensor, output: &Tensor) {
+        let direct = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
+        if direct(input) {
+            // SAFETY: contiguous f32 CPU tensors the calling node owns for this call; `input`
+            // is only read, `output` only written.
+            let src = unsafe {
+                std::slice::from_raw_parts(input.data_ptr() as *const f32, input.numel())
+            };
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(output.data_ptr() as *mut f32, output.numel())
+            };
+            self.run_sequence(op, src, dst);
+        } else {
+            let src = Vec::<f32>::try_from(
+                input
+                    .to_device(Device::Cpu)
+                    .to_kind(Kind::Float)
+                    .flatten(0, -1),
+            )
+            .expect("f32 buffer");
+            let mut dst = vec![0f32; output.numel()];
+            self.run_sequence(op, &src, &mut dst);
+            let result = Tensor::from_slice(&dst)
+                .view(output.size().as_slice())
+                .to_kind(output.kind())
+                .to_device(output.device());
+            tch::no_grad(|| output.shallow_clone().copy_(&result));
+        }
+    }
+
+    fn run_sequence(&self, op: i32, src: &[f32], dst: &mut [f32]) {
+        if op == SequenceOp::Gather as i32 {
+            self.comm.all_gather(src, dst);
+        } else {
+            self.comm.reduce_scatter_sum(src, dst);
         }
     }
 
@@ -113,6 +186,28 @@ unsafe extern "C" fn reduce_callback(handle: *mut c_void, t: *mut C_tensor, kind
     }
 }
 
+/// Called by the sequence nodes in `csrc/tp_regions.cpp` to gather or reduce-scatter.
+unsafe extern "C" fn sequence_callback(
+    handle: *mut c_void,
+    op: i32,
+    input: *mut C_tensor,
+    output: *mut C_tensor,
+    _pass: i32,
+) {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in `reduce_callback`; both tensors are borrowed from the caller.
+        let group = unsafe { &*(handle as *const Group) };
+        let input = ManuallyDrop::new(unsafe { Tensor::from_ptr(input) });
+        let output = ManuallyDrop::new(unsafe { Tensor::from_ptr(output) });
+        group.count(|c| c.sequence += 1);
+        group.sequence_collective(op, &input, &output);
+    }));
+    if result.is_err() {
+        eprintln!("flux-hpc: sequence-parallel collective panicked; aborting so no rank hangs");
+        std::process::abort();
+    }
+}
+
 /// This rank's tensor-parallel group. Cheap to clone (shared).
 ///
 /// The model must outlive any backward pass through its regions: the autograd nodes refer to the
@@ -120,11 +215,18 @@ unsafe extern "C" fn reduce_callback(handle: *mut c_void, t: *mut C_tensor, kind
 #[derive(Clone)]
 pub struct TpContext {
     group: Rc<Group>,
+    /// Whether activations between the parallel layers are split along the sequence
+    /// (Megatron's sequence parallelism).
+    sequence_parallel: bool,
 }
 
 impl std::fmt::Debug for TpContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TpContext(rank {} of {})", self.rank(), self.size())
+        write!(f, "TpContext(rank {} of {}", self.rank(), self.size())?;
+        if self.sequence_parallel {
+            write!(f, ", sequence-parallel")?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -147,7 +249,23 @@ impl TpContext {
                 comm,
                 counts: Cell::default(),
             }),
+            sequence_parallel: false,
         }
+    }
+
+    /// This group with sequence parallelism on or off. On, the layers outside the parallel
+    /// linears (norms, modulation, residuals) act on this rank's slice of the sequence: a
+    /// column-parallel linear all-gathers its input along the sequence first and a row-parallel
+    /// one reduce-scatters its output, where without it they copy and all-reduce. A group of one
+    /// rank ignores it.
+    pub fn with_sequence_parallel(mut self, on: bool) -> Self {
+        self.sequence_parallel = on && self.size() > 1;
+        self
+    }
+
+    /// Whether activations between the parallel layers are split along the sequence.
+    pub fn sequence_parallel(&self) -> bool {
+        self.sequence_parallel
     }
 
     /// This rank's index in the group.
@@ -198,6 +316,106 @@ impl TpContext {
     /// Exit of a row-parallel region: all-reduce forward, identity backward.
     pub fn reduce_from_region(&self, x: &Tensor) -> Tensor {
         self.region(x, flux_tp_reduce_from_region)
+    }
+
+    fn sequence_region(&self, x: &Tensor, forward: SequenceOp, backward: SequenceOp) -> Tensor {
+        // Tokens are the second-to-last dimension of every activation, `[B, L, D]`.
+        let dim = x.dim() as i64 - 2;
+        assert!(
+            dim >= 0,
+            "a sequence region needs [.., L, D], got {:?}",
+            x.size()
+        );
+        let handle = Rc::as_ptr(&self.group) as *mut c_void;
+        // SAFETY: as in `region`.
+        let out = unsafe {
+            flux_tp_sequence_region(
+                x.as_ptr(),
+                forward as i64,
+                backward as i64,
+                dim,
+                self.rank() as i64,
+                self.size() as i64,
+                sequence_callback,
+                handle,
+            )
+        };
+        if out.is_null() {
+            // SAFETY: as in `region`.
+            let message = unsafe { CStr::from_ptr(flux_tp_last_error()) }.to_string_lossy();
+            panic!("sequence-parallel region failed: {message}");
+        }
+        // SAFETY: as in `region`.
+        unsafe { Tensor::from_ptr(out) }
+    }
+
+    /// Input `x [B, L, D]` of a column-parallel linear: all-gathered along the sequence from
+    /// `[B, L/tp, D]` slices under sequence parallelism (backward: reduce-scatter of the
+    /// gradient), otherwise [`TpContext::copy_to_region`].
+    pub fn column_input(&self, x: &Tensor) -> Tensor {
+        if self.sequence_parallel {
+            self.sequence_region(x, SequenceOp::Gather, SequenceOp::ReduceScatter)
+        } else {
+            self.copy_to_region(x)
+        }
+    }
+
+    /// Output of a row-parallel linear from this rank's partial sum `x [B, L, D]`:
+    /// reduce-scattered to this rank's `[B, L/tp, D]` slice under sequence parallelism
+    /// (backward: all-gather of the gradient), otherwise [`TpContext::reduce_from_region`].
+    pub fn row_output(&self, x: &Tensor) -> Tensor {
+        if self.sequence_parallel {
+            self.sequence_region(x, SequenceOp::ReduceScatter, SequenceOp::Gather)
+        } else {
+            self.reduce_from_region(x)
+        }
+    }
+
+    /// A replicated tensor (modulation from `[B, D]`, a row-parallel bias) applied to every
+    /// rank's slice of the sequence: identity forward; under sequence parallelism the gradient,
+    /// which each rank has summed over its own tokens only, is summed over the group backward.
+    pub fn broadcast_over_sequence(&self, x: &Tensor) -> Tensor {
+        if self.sequence_parallel {
+            self.copy_to_region(x)
+        } else {
+            x.shallow_clone()
+        }
+    }
+
+    /// This rank's slice `[B, L/tp, D]` of the sequence `x [B, L, D]`, where layers start
+    /// working on slices (backward: all-gather); `x` itself without sequence parallelism.
+    pub fn scatter_sequence(&self, x: &Tensor) -> Tensor {
+        if self.sequence_parallel {
+            self.sequence_region(x, SequenceOp::Split, SequenceOp::Gather)
+        } else {
+            x.shallow_clone()
+        }
+    }
+
+    /// The whole sequence `[B, L, D]` from every rank's slice `x [B, L/tp, D]`, where layers
+    /// stop working on slices (backward: this rank's slice of the gradient); `x` itself without
+    /// sequence parallelism.
+    pub fn gather_sequence(&self, x: &Tensor) -> Tensor {
+        if self.sequence_parallel {
+            self.sequence_region(x, SequenceOp::Gather, SequenceOp::Split)
+        } else {
+            x.shallow_clone()
+        }
+    }
+
+    /// The streams `[B, Li, D]` joined along the sequence, in order: under sequence parallelism
+    /// each is this rank's slice, and the result is this rank's slice of the joined sequence
+    /// (each stream gathered, joined and split anew: slices joined as they are would interleave
+    /// the streams).
+    pub fn join_sequences(&self, streams: &[&Tensor]) -> Tensor {
+        let whole: Vec<Tensor> = streams.iter().map(|s| self.gather_sequence(s)).collect();
+        self.scatter_sequence(&Tensor::cat(&whole, -2))
+    }
+
+    /// Whether a sequence of `len` tokens splits evenly over the group (always, without
+    /// sequence parallelism).
+    pub fn divides_sequence(&self, len: i64) -> bool {
+        !self.sequence_parallel || len % self.size() as i64 == 0
     }
 
     /// Sum the gradients of `params` over the group (one all-reduce per bucket), for replicated
