@@ -44,6 +44,11 @@ impl Qkv {
         }
     }
 
+    /// Tokens `L`.
+    pub fn tokens(&self) -> i64 {
+        self.q.size()[2]
+    }
+
     /// RMS-normalise queries and keys with their learnable scales; values pass through.
     pub fn normalized(self, q_norm: &RmsNorm, k_norm: &RmsNorm) -> Self {
         let kind = self.v.kind();

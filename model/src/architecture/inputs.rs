@@ -3,6 +3,8 @@
 
 use tch::{Device, Kind, Tensor};
 
+use crate::tp::TpContext;
+
 /// The inputs a model takes, as its config declares them: what data, samplers and benchmarks must
 /// feed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -193,4 +195,26 @@ pub(crate) fn expect_shape(
             got: format!("shape {size:?}"),
         })
     }
+}
+
+/// `Ok` when every stream `(argument, tokens)` splits evenly over `tp` (always, without
+/// sequence parallelism, which splits each stream's tokens over the group).
+pub(crate) fn check_sequence_split(
+    tp: &TpContext,
+    streams: &[(&'static str, i64)],
+) -> Result<(), InputError> {
+    for &(argument, tokens) in streams {
+        if !tp.divides_sequence(tokens) {
+            return Err(InputError {
+                argument,
+                expected: format!(
+                    "a number of tokens divisible by tensor_parallel_size {} \
+                     (sequence_parallel splits each stream over the group)",
+                    tp.size()
+                ),
+                got: format!("{tokens} tokens"),
+            });
+        }
+    }
+    Ok(())
 }

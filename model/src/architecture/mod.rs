@@ -14,7 +14,7 @@ mod model;
 mod registry;
 
 pub use built::{Built, RootBlock};
-pub(crate) use inputs::expect_shape;
+pub(crate) use inputs::{check_sequence_split, expect_shape};
 pub use inputs::{DiffusionBatch, InputError, InputSpec};
 pub use model::{forward_flops, DiffusionModel, ModelConfig};
 pub use registry::{Architecture, ModelSpec, ARCHITECTURES, ARCHITECTURE_KEY};

@@ -70,6 +70,20 @@ pub trait ModelConfig:
     /// `tensor_parallel_size` and the sizes it must divide.
     fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError>;
 
+    /// Whether the model's layers can work on slices of the sequence (`[parallelism]
+    /// sequence_parallel`); the error names the field that rules it out. By default an
+    /// architecture cannot: its forward pass must scatter and gather the sequence where its
+    /// layers start and stop working on slices.
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        Err(ConfigError::new(
+            "sequence_parallel",
+            format!(
+                "architecture \"{}\" does not support sequence parallelism",
+                Self::NAME
+            ),
+        ))
+    }
+
     /// The inputs the model takes.
     fn inputs(&self) -> InputSpec;
 

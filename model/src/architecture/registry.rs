@@ -84,6 +84,7 @@ trait AnyConfig: Debug + Send + Sync {
     fn name(&self) -> &'static str;
     fn validate(&self) -> Result<(), ConfigError>;
     fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError>;
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError>;
     fn inputs(&self) -> InputSpec;
     fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec>;
     fn weight_matrices(&self) -> Vec<(f64, Rows)>;
@@ -109,6 +110,9 @@ impl<C: ModelConfig> AnyConfig for C {
     }
     fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
         ModelConfig::check_tp_size(self, tp)
+    }
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        ModelConfig::check_sequence_parallel(self)
     }
     fn inputs(&self) -> InputSpec {
         ModelConfig::inputs(self)
@@ -220,6 +224,12 @@ impl ModelSpec {
     /// Whether `tp` ranks can split the model (error field: `tensor_parallel_size`).
     pub fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
         self.0.check_tp_size(tp)
+    }
+
+    /// Whether the model's layers can work on slices of the sequence (error field:
+    /// `sequence_parallel`, or the `[model]` field that rules it out).
+    pub fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        self.0.check_sequence_parallel()
     }
 
     /// The inputs the model takes.

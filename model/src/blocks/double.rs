@@ -48,7 +48,8 @@ pub struct JointAttention {
 
 impl JointAttention {
     /// Modulated `img [B, Li, D]` and `txt [B, Lt, D]`, `rope` over `Lt + Li` tokens (text first)
-    /// → projected attention outputs `(img [B, Li, D], txt [B, Lt, D])`.
+    /// → projected attention outputs `(img [B, Li, D], txt [B, Lt, D])`. Under sequence
+    /// parallelism both streams come and go as this rank's slices `Li/tp` and `Lt/tp`.
     pub fn forward(
         &self,
         img: &Tensor,
@@ -66,9 +67,11 @@ impl JointAttention {
             Some(rope),
             o.attention_dropout(train),
         );
-        let text_len = txt.size()[1];
+        // The whole streams' lengths: under sequence parallelism `img` and `txt` are this rank's
+        // slices, and the projections gathered the rest.
+        let (text_len, image_len) = (txt_qkv.tokens(), img_qkv.tokens());
         let txt_out = joint.narrow(1, 0, text_len);
-        let img_out = joint.narrow(1, text_len, img.size()[1]);
+        let img_out = joint.narrow(1, text_len, image_len);
         (
             self.linear_proj.forward(&img_out),
             self.added_linear_proj.forward(&txt_out),

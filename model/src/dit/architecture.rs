@@ -3,7 +3,9 @@
 
 use tch::Tensor;
 
-use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
+use crate::architecture::{
+    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
+};
 use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
 use crate::tp::check_tp_size;
@@ -20,6 +22,11 @@ impl ModelConfig for DitConfig {
 
     fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
         check_tp_size(self.num_attention_heads, self.widths().mlp_hidden(), tp)
+    }
+
+    /// Modulation and residuals act on slices of the image tokens (DiT has no dropout).
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        Ok(())
     }
 
     fn inputs(&self) -> InputSpec {
@@ -86,7 +93,8 @@ impl ModelConfig for DitConfig {
 
 impl RootBlock for DitTransformer {
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        self.config().inputs().check(batch)?;
+        let (rows, cols) = self.config().inputs().check(batch)?;
+        check_sequence_split(self.x_embedder.tp(), &[("latents", rows * cols)])?;
         let pooled = batch
             .pooled
             .as_ref()

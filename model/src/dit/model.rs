@@ -71,8 +71,11 @@ impl DitTransformer {
         let (p, d) = (self.config.patch_size, self.config.hidden_size);
         let (_, _, h, w) = x.size4().expect("x must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
-        let mut tokens =
-            self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device());
+        // Under sequence parallelism the blocks work on this rank's slice of the tokens.
+        let tp = self.x_embedder.tp();
+        let mut tokens = tp.scatter_sequence(
+            &(self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device())),
+        );
         let c = self.t_embedder.forward(t) + self.y_embedder.forward(y);
         let recomputing = train && self.recompute.get();
         for (i, block) in self.blocks.iter().enumerate() {
@@ -91,7 +94,7 @@ impl DitTransformer {
         }
         let out = adaln_continuous(
             &self.final_adaln,
-            &tokens,
+            &tp.gather_sequence(&tokens),
             &c,
             self.config.layernorm_epsilon,
             Halves::ShiftScale,

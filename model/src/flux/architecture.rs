@@ -24,6 +24,22 @@ impl ModelConfig for FluxConfig {
         check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
     }
 
+    /// Norms, modulation and residuals act on slices of the sequence; not with hidden dropout,
+    /// whose masks the ranks' slices would share (every rank of the group draws the same ones).
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        if self.hidden_dropout > 0.0 {
+            return Err(ConfigError::new(
+                "sequence_parallel",
+                format!(
+                    "needs model.hidden_dropout = 0 (got {}): the ranks' slices of the sequence \
+                     would share one dropout mask",
+                    self.hidden_dropout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn inputs(&self) -> InputSpec {
         InputSpec {
             latent_channels: self.in_channels,

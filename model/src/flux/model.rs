@@ -5,7 +5,7 @@ use std::cell::Cell;
 use flux_macros::diffusion_block;
 use tch::{Device, Tensor};
 
-use crate::architecture::Built;
+use crate::architecture::{check_sequence_split, Built};
 use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
@@ -79,9 +79,13 @@ impl FluxTransformer {
     pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = input.check(&self.config)?;
         let p = self.config.patch_size;
+        let tp = self.x_embedder.tp();
+        let text_len = input.txt.size()[1];
+        check_sequence_split(tp, &[("img", rows * cols), ("txt", text_len)])?;
 
-        let mut img = self.x_embedder.forward(&patchify(input.img, p));
-        let mut txt = self.context_embedder.forward(input.txt);
+        // Under sequence parallelism the layers work on this rank's slice of each stream.
+        let mut img = tp.scatter_sequence(&self.x_embedder.forward(&patchify(input.img, p)));
+        let mut txt = tp.scatter_sequence(&self.context_embedder.forward(input.txt));
         let mut vec =
             self.time_embedder.forward(input.timesteps) + self.vector_embedder.forward(input.y);
         if let (Some(embedder), Some(g)) = (&self.guidance_embedder, input.guidance) {
@@ -102,8 +106,7 @@ impl FluxTransformer {
             });
             [img, txt] = out.try_into().expect("two outputs");
         }
-        let text_len = txt.size()[1];
-        let mut x = Tensor::cat(&[txt, img], 1);
+        let mut x = tp.join_sequences(&[&txt, &img]);
         let joint = self.joint_layers.len();
         for (i, layer) in self.single_layers.iter().enumerate() {
             let (block, rope) = (layer as *const SingleBlock, rope.clone());
@@ -113,7 +116,7 @@ impl FluxTransformer {
             });
             x = out.into_iter().next().expect("one output");
         }
-        let img = x.narrow(1, text_len, rows * cols);
+        let img = tp.gather_sequence(&x).narrow(1, text_len, rows * cols);
         let out = self.proj_out.forward(&adaln_continuous(
             &self.norm_out,
             &img,

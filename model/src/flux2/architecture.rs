@@ -3,7 +3,9 @@
 
 use tch::Tensor;
 
-use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
+use crate::architecture::{
+    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
+};
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
 use crate::flux2::{layouts, Flux2Config, Flux2Transformer};
@@ -21,6 +23,11 @@ impl ModelConfig for Flux2Config {
 
     fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
         check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
+    }
+
+    /// Modulation and residuals act on slices of the sequence (FLUX.2 has no dropout).
+    fn check_sequence_parallel(&self) -> Result<(), ConfigError> {
+        Ok(())
     }
 
     fn inputs(&self) -> InputSpec {
@@ -141,11 +148,15 @@ impl ModelConfig for Flux2Config {
 
 impl RootBlock for Flux2Transformer {
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        self.config().inputs().check(batch)?;
+        let (rows, cols) = self.config().inputs().check(batch)?;
         let text = batch
             .text
             .as_ref()
             .expect("InputSpec::check requires the text states");
+        check_sequence_split(
+            self.x_embedder.tp(),
+            &[("latents", rows * cols), ("text", text.size()[1])],
+        )?;
         Ok(self.forward(
             &batch.latents,
             text,

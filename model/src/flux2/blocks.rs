@@ -88,10 +88,11 @@ impl Flux2Attention {
         let txt_qkv = Qkv::from_fused(&self.to_added_qkv.forward(txt), dh)
             .normalized(&self.norm_added_q, &self.norm_added_k);
         let joint = attention(&Qkv::cat(&[&txt_qkv, &img_qkv]), Some(rope), 0.0);
-        let text_len = txt.size()[1];
+        // The whole streams' lengths (under sequence parallelism `img` and `txt` are slices).
+        let text_len = txt_qkv.tokens();
         (
             self.to_out
-                .forward(&joint.narrow(1, text_len, img.size()[1])),
+                .forward(&joint.narrow(1, text_len, img_qkv.tokens())),
             self.to_add_out.forward(&joint.narrow(1, 0, text_len)),
         )
     }

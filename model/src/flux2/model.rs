@@ -146,13 +146,17 @@ impl Flux2Transformer {
         let (b, _, h, w) = latents.size4().expect("latents must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
         let text_len = text.size()[1];
+        let tp = self.x_embedder.tp();
         let temb = self.time_guidance_embed.forward(t, guidance);
         let silu = temb.silu();
-        let mod_img = self.double_stream_modulation_img.forward(&silu);
-        let mod_txt = self.double_stream_modulation_txt.forward(&silu);
-        let mod_single = self.single_stream_modulation.forward(&silu);
-        let mut img = self.x_embedder.forward(&patchify(latents, p));
-        let mut txt = self.context_embedder.forward(text);
+        // Under sequence parallelism the blocks work on this rank's slice of each stream, and
+        // the modulations' gradients (each rank's tokens only) are summed over the group.
+        let modulation = |linear: &Linear| tp.broadcast_over_sequence(&linear.forward(&silu));
+        let mod_img = modulation(&self.double_stream_modulation_img);
+        let mod_txt = modulation(&self.double_stream_modulation_txt);
+        let mod_single = modulation(&self.single_stream_modulation);
+        let mut img = tp.scatter_sequence(&self.x_embedder.forward(&patchify(latents, p)));
+        let mut txt = tp.scatter_sequence(&self.context_embedder.forward(text));
         let rope =
             self.pe_embedder
                 .forward(&position_ids(b, text_len, rows, cols, latents.device()));
@@ -169,7 +173,7 @@ impl Flux2Transformer {
             });
             [img, txt] = out.try_into().expect("two outputs");
         }
-        let mut x = Tensor::cat(&[txt, img], 1);
+        let mut x = tp.join_sequences(&[&txt, &img]);
         for (i, block) in self.single_transformer_blocks.iter().enumerate() {
             let (block, rope) = (block as *const Flux2SingleTransformerBlock, rope.clone());
             let name = Self::layer_name(true, i);
@@ -179,7 +183,7 @@ impl Flux2Transformer {
             });
             x = out.into_iter().next().expect("one output");
         }
-        let img = x.narrow(1, text_len, rows * cols);
+        let img = tp.gather_sequence(&x).narrow(1, text_len, rows * cols);
         let out = adaln_continuous(
             &self.norm_out,
             &img,

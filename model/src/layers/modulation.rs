@@ -33,8 +33,12 @@ impl Modulation {
 /// `AdaLN`: `SiLU(vec [B, D]) → linear [3·N·D, D]` split into `N` (shift, scale, gate) triples.
 ///
 /// Joint blocks use `N = 2` (attention and MLP), single blocks `N = 1`.
+///
+/// Under sequence parallelism the triples act on this rank's tokens only, so their gradients are
+/// summed over the group ([`crate::tp::TpContext::broadcast_over_sequence`]).
 pub fn adaln<const N: usize>(linear: &Linear, vec: &Tensor) -> [Modulation; N] {
-    split_modulations(&linear.forward(&vec.silu()))
+    let params = linear.forward(&vec.silu());
+    split_modulations(&linear.tp().broadcast_over_sequence(&params))
 }
 
 /// Split modulation parameters already computed, `[B, 3·N·D]` laid out as `N` (shift, scale,

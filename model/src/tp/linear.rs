@@ -156,6 +156,11 @@ impl Linear {
         &self.name
     }
 
+    /// The tensor-parallel group the layer is split over.
+    pub fn tp(&self) -> &TpContext {
+        &self.tp
+    }
+
     /// How the weight is split over the group.
     pub fn shard(&self) -> Shard {
         self.shard
@@ -182,20 +187,22 @@ impl Linear {
 
     /// `x [.., in]` → `[.., out]`; column-parallel gives this rank's `[.., out/tp]` slice, and a
     /// row-parallel layer takes the `[.., in/tp]` slice and returns the all-reduced full output.
+    /// Under sequence parallelism a column-parallel layer takes this rank's slice of the tokens
+    /// `[B, L/tp, in]` (gathering the rest) and a row-parallel one returns one `[B, L/tp, out]`.
     /// An adapter's update joins the base output before the row-parallel sum, so it costs no
     /// collective of its own.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         match self.shard {
             Shard::Replicated => self.adapted(x.linear(&self.weight, self.bias.as_ref()), x),
             Shard::Column => {
-                let x = self.tp.copy_to_region(x);
+                let x = self.tp.column_input(x);
                 self.adapted(x.linear(&self.weight, self.bias.as_ref()), &x)
             }
             Shard::Row => {
                 let partial = self.adapted(x.linear::<Tensor>(&self.weight, None), x);
-                let y = self.tp.reduce_from_region(&partial);
+                let y = self.tp.row_output(&partial);
                 match &self.bias {
-                    Some(b) => y + b,
+                    Some(b) => y + self.tp.broadcast_over_sequence(b),
                     None => y,
                 }
             }
