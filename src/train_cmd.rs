@@ -74,6 +74,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         tracing::info!(
             world = world.world.size(),
             tp = world.tp.size(),
+            sequence_parallel = world.tp.sequence_parallel(),
             dp = world.dp.size(),
             ?device,
             architecture = run.model.architecture(),

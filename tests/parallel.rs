@@ -2,7 +2,7 @@
 //! single-process forward output and every parameter gradient within 1e-5 (f32), with exactly the
 //! expected all-reduces. flux_tiny: guidance on, 2 joint + 2 single layers, batch 2, a 3×4 token
 //! grid and 5 text tokens; dit_tiny: 4 DiT blocks over 2×2 patches; flux2_tiny: 2 double + 2
-//! single FLUX.2 blocks.
+//! single FLUX.2 blocks. Sequence parallelism is checked the same way for all three at TP2.
 
 use std::process::{Command, Output};
 
@@ -60,6 +60,51 @@ fn tensor_parallel_two_ranks_matches_one_process() {
 fn tensor_two_by_data_two_matches_one_process() {
     let out = check_passes(FLUX, 4, 2, &[]);
     assert!(out.contains("(tp 1/2, dp 1/2, flux)"), "{out}");
+}
+
+#[test]
+fn sequence_parallel_matches_one_process_for_every_architecture() {
+    // Text of 6 tokens (3 per rank). FLUX.1, per pass: no all-reduce forward; backward one per
+    // modulation (2 per joint layer, 1 per single layer: 6) and per row-parallel bias (4 per
+    // joint layer, 1 per single layer: 10). Along the sequence, 2 per column or row linear
+    // (8 per joint layer, 2 per single layer: 40) and the model's own: the two streams sliced
+    // (their gradients gathered), gathered and sliced again as one, gathered for the output
+    // layer (6).
+    let sp = [
+        "--set",
+        "parallelism.sequence_parallel=true",
+        "--text-len",
+        "6",
+    ];
+    let out = check_passes(FLUX, 2, 2, &sp);
+    assert!(
+        out.contains(
+            "all-reduces forward 0 backward 16 grad-sync 1; sequence gathers and reduce-scatters 46"
+        ),
+        "{out}"
+    );
+    // DiT: per block one modulation and two row biases (12), four linears (32), the tokens
+    // sliced and gathered (2). FLUX.2: its three shared modulations; 16 per double block, 4 per
+    // single block and the model's 6.
+    for (config, counts) in [
+        (
+            "configs/dit_tiny.toml",
+            "backward 12 grad-sync 0; sequence gathers and reduce-scatters 34",
+        ),
+        (
+            "configs/flux2_tiny.toml",
+            "backward 3 grad-sync 1; sequence gathers and reduce-scatters 46",
+        ),
+    ] {
+        let out = check_passes(config, 2, 2, &sp);
+        assert!(out.contains(counts), "{config}: {out}");
+    }
+    // A stream that does not split is refused on both ranks, naming it.
+    let out = mpirun(FLUX, 2, 2, &sp[..2]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("model input `txt`").count(), 2, "{stderr}");
+    assert!(stderr.contains("got 5 tokens"), "{stderr}");
 }
 
 #[test]

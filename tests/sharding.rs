@@ -3,7 +3,9 @@
 //! clipping active: norms of 4–6 against a clip of 1), in f32 and in bf16 with f32 masters, with
 //! tensor parallelism, gradient accumulation, recomputation and shard groups (HSDP); each rank
 //! checkpoints the parts of the state it owns, and a run resumes from them at another level or
-//! data-parallel size; layouts that cannot shard are refused.
+//! data-parallel size; layouts that cannot shard are refused. Sequence parallelism (norms and
+//! modulation on each tensor-parallel rank's slice of the tokens) joins the TP2 × DP2 fully
+//! sharded run in f32 and runs alone against plain TP2 × DP2 in bf16.
 //! The plain TP2 × DP2 run they are held against overlaps its gradient all-reduces with backward.
 
 mod common;
@@ -24,6 +26,7 @@ const STEPS: [&str; 4] = [
 const SHARDED: &str = "parallelism.sharding=\"optimizer\"";
 const GRADIENTS: &str = "parallelism.sharding=\"gradients\"";
 const FULL: &str = "parallelism.sharding=\"full\"";
+const SEQUENCE_PARALLEL: &str = "parallelism.sequence_parallel=true";
 
 /// Buckets of 64 Ki elements: flux_tiny's 453,584 parameters reduce in 7 buckets and more.
 const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
@@ -125,8 +128,9 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         assert_same_final(&one, &grads, file, 1e-5);
     }
 
-    // Weights sharded too, at TP2 × DP2 with layer recomputation: each layer's weights are
-    // gathered before its forward and again before its (recomputing) backward.
+    // Weights sharded too, at TP2 × DP2 with layer recomputation and sequence parallelism:
+    // each layer's weights are gathered before its forward and again before its (recomputing)
+    // backward, and its norms and modulation act on each rank's half of the tokens.
     let full = dir.join("full");
     ok(&train(
         Some(4),
@@ -134,6 +138,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         &with(&[
             FULL,
             SMALL_BUCKETS,
+            SEQUENCE_PARALLEL,
             "parallelism.tensor_parallel_size=2",
             "training.recompute=true",
         ]),
@@ -212,6 +217,22 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
     assert_same_records(&a, &b, &keys, 5e-4);
     assert_same_final(&plain, &sharded, "final.safetensors", 1.0 / 128.0);
     assert_same_final(&plain, &sharded, "final_ema.safetensors", 1e-4);
+
+    // Sequence parallelism on the plain layout: the same arithmetic per token (the first loss is
+    // equal), but each rank rounds its half of the tokens' modulation and bias gradients to
+    // bf16 before the group sums them: the first norm moves by ~5e-5 (relative), five steps by
+    // ~3e-4, the f32 EMA by 1.6e-4 (measured).
+    let sequence = dir.join("bf16-sequence");
+    ok(&train(
+        Some(4),
+        &sequence,
+        &with(&[&bf16[..], &[SEQUENCE_PARALLEL]].concat()),
+    ));
+    let d = records(&sequence);
+    assert_same_records(&a[..2], &d[..2], &keys, 1e-4);
+    assert_same_records(&a, &d, &keys, 1e-3);
+    assert_same_final(&plain, &sequence, "final.safetensors", 1.0 / 128.0);
+    assert_same_final(&plain, &sequence, "final_ema.safetensors", 1e-3);
 
     // Sharded gradients are summed in f32, where plain data parallelism rounds each replica's
     // sum to bf16: the first norm moves by ~3e-5 (relative), five steps by ~4e-4.

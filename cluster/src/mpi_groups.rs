@@ -152,6 +152,9 @@ pub struct GroupSizes {
     /// Consecutive data-parallel replicas per shard group (a divisor of the data-parallel size;
     /// 0: all of them).
     pub shard_group: usize,
+    /// Whether the tensor-parallel group splits activations along the sequence
+    /// ([`TpContext::with_sequence_parallel`]).
+    pub sequence_parallel: bool,
 }
 
 /// The size of the shard groups of a data-parallel group of `dp` replicas asked for as
@@ -228,6 +231,7 @@ impl ParallelWorld {
         let GroupSizes {
             tensor_parallel: tp_size,
             shard_group: shard_group_size,
+            sequence_parallel,
         } = sizes;
         let universe = mpi::initialize().ok_or(LayoutError::Init)?;
         let world = universe.world();
@@ -252,7 +256,7 @@ impl ParallelWorld {
         let dp_shard = split(&dp.comm, dp_rank / group);
         let dp_across = split(&dp.comm, dp_rank % group);
         Ok(Self {
-            tp: TpContext::new(tp),
+            tp: TpContext::new(tp).with_sequence_parallel(sequence_parallel),
             dp,
             dp_shard,
             dp_across,

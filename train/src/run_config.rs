@@ -68,6 +68,11 @@ pub struct ParallelismConfig {
     /// all-reduces started as each bucket's gradients are complete) instead of after it.
     /// `sharding = "none"` only.
     pub overlap_grad_reduce: bool,
+    /// Megatron sequence parallelism: between the tensor-parallel layers, norms, modulation and
+    /// residuals act on each rank's slice of the sequence (`tensor_parallel_size` ≥ 2); the
+    /// row-parallel all-reduces become reduce-scatters and all-gathers precede the
+    /// column-parallel layers, so activations outside them take `1 / tp` of the memory.
+    pub sequence_parallel: bool,
     /// Longest wait, in seconds, of any collective for its peers before the job is ended with an
     /// error naming the waiting rank (a rank that hangs or is stopped must not hold the job
     /// forever). Generous by default: a unified checkpoint of a large model is written by one
@@ -84,6 +89,7 @@ impl Default for ParallelismConfig {
             shard_group_size: 0,
             bucket_mib: 100.0,
             overlap_grad_reduce: false,
+            sequence_parallel: false,
             collective_timeout_s: 1800,
         }
     }
@@ -95,6 +101,7 @@ impl ParallelismConfig {
         GroupSizes {
             tensor_parallel: self.tensor_parallel_size as usize,
             shard_group: self.shard_group_size as usize,
+            sequence_parallel: self.sequence_parallel,
         }
     }
 
@@ -154,7 +161,18 @@ impl ParallelismConfig {
                 format!("must be at least 1, got {tp}"),
             ));
         }
-        model.check_tp_size(tp as usize)
+        model.check_tp_size(tp as usize)?;
+        if self.sequence_parallel {
+            if tp < 2 {
+                return Err(ConfigError::new(
+                    "sequence_parallel",
+                    "splits the sequence over the tensor-parallel group: set \
+                     tensor_parallel_size to 2 or more (or sequence_parallel = false)",
+                ));
+            }
+            model.check_sequence_parallel()?;
+        }
+        Ok(())
     }
 }
 
@@ -276,6 +294,31 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// Under sequence parallelism each stream's tokens must split evenly over the
+    /// tensor-parallel group; the error names the `[training]` size that does not.
+    fn check_sequence_lengths(&self) -> Result<(), ConfigError> {
+        let tp = self.parallelism.tensor_parallel_size;
+        let p = self.model.inputs().patch_size.max(1);
+        let t = &self.training;
+        let streams = [
+            (
+                "training.latent_height",
+                (t.latent_height / p) * (t.latent_width / p),
+                "image tokens",
+            ),
+            ("training.text_len", t.text_len, "text tokens"),
+        ];
+        for (field, tokens, what) in streams {
+            ConfigError::check(tokens % tp == 0, field, || {
+                format!(
+                    "{tokens} {what} do not split over tensor_parallel_size {tp} under \
+                     parallelism.sequence_parallel"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Validate every section; the error's field is `table.key`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate().map_err(|e| e.within("model"))?;
@@ -295,6 +338,9 @@ impl RunConfig {
         self.parallelism
             .validate(&self.model)
             .map_err(|e| e.within("parallelism"))?;
+        if self.parallelism.sequence_parallel {
+            self.check_sequence_lengths()?;
+        }
         self.data.validate().map_err(|e| e.within("data"))?;
         self.checkpoint
             .validate()

@@ -301,3 +301,38 @@ fn training_sections_are_validated_with_their_field_names() {
     );
     assert!(err.contains("unknown variant `cosine`"), "{err}");
 }
+
+#[test]
+fn sequence_parallelism_is_refused_where_it_cannot_apply() {
+    let err = parse_err("[parallelism]\nsequence_parallel = true\n", &[]);
+    assert!(
+        err.contains(
+            "parallelism.sequence_parallel: splits the sequence over the tensor-parallel group"
+        ),
+        "{err}"
+    );
+    let tiny = std::fs::read_to_string(config_path("flux_tiny.toml")).unwrap();
+    let sp = [
+        "parallelism.tensor_parallel_size=2",
+        "parallelism.sequence_parallel=true",
+    ];
+    let with = |extra: &'static str| [&sp[..], &[extra]].concat();
+    let err = parse_err(&tiny, &with("model.hidden_dropout=0.1"));
+    assert!(
+        err.contains("parallelism.sequence_parallel: needs model.hidden_dropout = 0 (got 0.1)"),
+        "{err}"
+    );
+    let err = parse_err(&tiny, &with("training.text_len=7"));
+    assert!(
+        err.contains("training.text_len: 7 text tokens do not split over tensor_parallel_size 2"),
+        "{err}"
+    );
+    let odd = ["training.latent_height=5", "training.latent_width=5"];
+    let err = parse_err(&tiny, &[&sp[..], &odd].concat());
+    assert!(
+        err.contains("training.latent_height: 25 image tokens do not split"),
+        "{err}"
+    );
+    // flux_tiny's 64 image and 8 text tokens split over 2 ranks.
+    RunConfig::parse(&tiny, "flux_tiny.toml", &sp.map(String::from)).unwrap();
+}
