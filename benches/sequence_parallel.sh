@@ -26,21 +26,20 @@ say() { printf '\033[1m[bench]\033[0m %s\n' "$*" >&2; }
 flux() {
     "${MPIRUN[@]}" "$BIN" bench step "$CONFIG" --threads 1 --steps "$STEPS" --warmup 1 \
         --device cpu --set parallelism.tensor_parallel_size=2 \
-        --set "parallelism.sequence_parallel=$1" 2>/dev/null | tail -1 |
-        .venv/bin/python -c "import json,sys; r=json.load(sys.stdin); r['sp']=$2; print(json.dumps(r))"
+        --set "parallelism.sequence_parallel=$1" 2>/dev/null | tail -1
 }
 
 for round in $(seq "$ROUNDS"); do
     say "round $round/$ROUNDS"
-    flux false False >> "$results"
-    flux true True >> "$results"
+    flux false >> "$results"
+    flux true >> "$results"
 done
 
 .venv/bin/python - "$results" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 def summary(sp):
-    runs = [r for r in rows if r["sp"] == sp]
+    runs = [r for r in rows if r["sequence_parallel"] == sp]
     step = statistics.median(s for r in runs for s in r["seconds"])
     rss = max(r["peak_rss_mib"] for r in runs)
     return step, rss

@@ -198,6 +198,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "threads": threads,
         "ranks": world.world.size(),
         "tp": world.tp.size(),
+        "sequence_parallel": world.tp.sequence_parallel(),
         "samples": samples,
         "architecture": run.model.architecture(),
         "lora_rank": run.lora.as_ref().map(|l| l.rank),
