@@ -24,9 +24,8 @@ using reduce_fn = void (*)(void* handle, at::Tensor* t, int32_t kind);
 
 // Gather (`op` 1: `in` [n] → `out` [size·n], rank-major) or reduce-scatter (`op` 2: `in`
 // [size·n] → `out` [n], block `rank` of the sum) across the group behind `handle`; both
-// contiguous, of one dtype and device. `pass` is 0 forward, 1 backward.
-using sequence_fn = void (*)(void* handle, int32_t op, at::Tensor* in, at::Tensor* out,
-                             int32_t pass);
+// contiguous, of one dtype and device.
+using sequence_fn = void (*)(void* handle, int32_t op, at::Tensor* in, at::Tensor* out);
 
 enum SequenceOp : int64_t { kSplit = 0, kGather = 1, kReduceScatter = 2 };
 
@@ -86,13 +85,13 @@ struct SequenceArgs {
     ctx->saved_data["handle"] = handle;
   }
 
-  void call(int64_t op, at::Tensor& in, at::Tensor& out, int32_t pass) const {
+  void call(int64_t op, at::Tensor& in, at::Tensor& out) const {
     reinterpret_cast<sequence_fn>(fn)(reinterpret_cast<void*>(handle), static_cast<int32_t>(op),
-                                      &in, &out, pass);
+                                      &in, &out);
   }
 
   // `x` with its dimension `dim` (the sequence) split, gathered or reduce-scattered.
-  at::Tensor apply(int64_t op, const at::Tensor& x, int32_t pass) const {
+  at::Tensor apply(int64_t op, const at::Tensor& x) const {
     auto sizes = x.sizes().vec();
     switch (op) {
       case kSplit:
@@ -105,7 +104,7 @@ struct SequenceArgs {
         auto stacked = sizes;
         stacked.insert(stacked.begin(), size);
         auto all = at::empty(stacked, in.options());  // [size, .., S/size, ..]
-        call(op, in, all, pass);
+        call(op, in, all);
         sizes[dim] *= size;
         return all.movedim(0, dim).reshape(sizes);
       }
@@ -118,7 +117,7 @@ struct SequenceArgs {
         auto in = x.reshape(blocks).movedim(dim, 0).contiguous();
         sizes[dim] /= size;
         auto out = at::empty(sizes, x.options());
-        call(op, in, out, pass);
+        call(op, in, out);
         return out;
       }
       default:
@@ -132,12 +131,12 @@ struct SequenceRegion : public torch::autograd::Function<SequenceRegion> {
                             int64_t forward_op, int64_t backward_op, SequenceArgs args) {
     args.save(ctx);
     ctx->saved_data["backward_op"] = backward_op;
-    return args.apply(forward_op, x, 0);
+    return args.apply(forward_op, x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto op = ctx->saved_data.at("backward_op").toInt();
-    return {SequenceArgs::saved(ctx).apply(op, grads[0], 1), at::Tensor(), at::Tensor(),
+    return {SequenceArgs::saved(ctx).apply(op, grads[0]), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };

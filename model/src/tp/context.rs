@@ -14,13 +14,8 @@ use torch_sys::C_tensor;
 use crate::tp::{Collective, ParamSpec, Pass, SingleRank};
 
 type ReduceFn = unsafe extern "C" fn(handle: *mut c_void, t: *mut C_tensor, kind: i32);
-type SequenceFn = unsafe extern "C" fn(
-    handle: *mut c_void,
-    op: i32,
-    input: *mut C_tensor,
-    output: *mut C_tensor,
-    pass: i32,
-);
+type SequenceFn =
+    unsafe extern "C" fn(handle: *mut c_void, op: i32, input: *mut C_tensor, output: *mut C_tensor);
 
 /// The operations a sequence node applies along the sequence dimension (`csrc/tp_regions.cpp`).
 #[derive(Debug, Clone, Copy)]
@@ -105,15 +100,9 @@ impl Group {
             let data = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) };
             self.comm.all_reduce_sum(data);
         } else {
-            let mut buf =
-                Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
-                    .expect("f32 buffer");
+            let mut buf = host_f32(t);
             self.comm.all_reduce_sum(&mut buf);
-            let summed = Tensor::from_slice(&buf)
-                .view(t.size().as_slice())
-                .to_kind(t.kind())
-                .to_device(t.device());
-            tch::no_grad(|| t.shallow_clone().copy_(&summed));
+            copy_from_host(t, &buf);
         }
     }
 
@@ -132,20 +121,9 @@ impl Group {
             };
             self.run_sequence(op, src, dst);
         } else {
-            let src = Vec::<f32>::try_from(
-                input
-                    .to_device(Device::Cpu)
-                    .to_kind(Kind::Float)
-                    .flatten(0, -1),
-            )
-            .expect("f32 buffer");
             let mut dst = vec![0f32; output.numel()];
-            self.run_sequence(op, &src, &mut dst);
-            let result = Tensor::from_slice(&dst)
-                .view(output.size().as_slice())
-                .to_kind(output.kind())
-                .to_device(output.device());
-            tch::no_grad(|| output.shallow_clone().copy_(&result));
+            self.run_sequence(op, &host_f32(input), &mut dst);
+            copy_from_host(output, &dst);
         }
     }
 
@@ -162,6 +140,21 @@ impl Group {
         f(&mut c);
         self.counts.set(c);
     }
+}
+
+/// `t`'s elements as f32 in host memory, flattened: the buffer a collective moves.
+fn host_f32(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
+        .expect("f32 buffer")
+}
+
+/// Overwrite `t` (any dtype and device) with `values`, a host f32 buffer of its elements.
+fn copy_from_host(t: &Tensor, values: &[f32]) {
+    let values = Tensor::from_slice(values)
+        .view(t.size().as_slice())
+        .to_kind(t.kind())
+        .to_device(t.device());
+    tch::no_grad(|| t.shallow_clone().copy_(&values));
 }
 
 /// Called by the autograd nodes in `csrc/tp_regions.cpp` with a contiguous tensor to sum.
@@ -192,7 +185,6 @@ unsafe extern "C" fn sequence_callback(
     op: i32,
     input: *mut C_tensor,
     output: *mut C_tensor,
-    _pass: i32,
 ) {
     let result = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as in `reduce_callback`; both tensors are borrowed from the caller.
@@ -437,13 +429,7 @@ impl TpContext {
         if spec.split_dim.is_none() || self.size() == 1 {
             return local.shallow_clone();
         }
-        let data = Vec::<f32>::try_from(
-            local
-                .to_device(Device::Cpu)
-                .to_kind(Kind::Float)
-                .flatten(0, -1),
-        )
-        .expect("f32 buffer");
+        let data = host_f32(local);
         let mut all = vec![0f32; data.len() * self.size()];
         self.collective().all_gather(&data, &mut all);
         let shards: Vec<Tensor> = all
