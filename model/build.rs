@@ -1,6 +1,6 @@
-//! Build the custom autograd nodes (csrc/: tensor-parallel regions, activation recomputation,
-//! parameter residency) against the libtorch torch-sys links, and embed libtorch's folder in the
-//! rpath of this crate's tests.
+//! Build the custom libtorch parts (csrc/: tensor-parallel regions, activation recomputation,
+//! parameter residency, the counting CPU allocator) against the libtorch torch-sys links, and
+//! embed libtorch's folder in the rpath of this crate's tests.
 
 fn main() {
     flux_build::link_libtorch_rpath();
@@ -10,6 +10,7 @@ fn main() {
             "csrc/tp_regions.cpp",
             "csrc/recompute.cpp",
             "csrc/residency.cpp",
+            "csrc/tensor_memory.cpp",
         ],
     );
 }

@@ -9,11 +9,11 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use flux_cluster::{ParallelWorld, Placement};
 use flux_data::dataset::LatentDataset;
-use flux_model::{DiffusionBatch, DiffusionModel};
-use flux_train::metrics::peak_rss_mib;
+use flux_model::{tensor_memory, DiffusionBatch, DiffusionModel};
+use flux_train::metrics::{peak_rss_mib, rss_mib};
 use flux_train::{build_model, RunConfig, Trainer};
 use serde_json::json;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::timing::{median, synchronize};
 use crate::{ConfigArgs, DeviceArgs};
@@ -112,6 +112,13 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     tch::set_num_threads(threads as i32);
     let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes())?;
     let device = args.device.device.resolve(placement.local_rank)?;
+    // What the process holds before any weight exists: libtorch, MPI, the binary.
+    let baseline_rss = rss_mib();
+    // Tensors' own bytes, what `flux-hpc plan` predicts (counted on the CPU only).
+    let counted = device == Device::Cpu;
+    if counted {
+        tensor_memory::count_cpu_tensors();
+    }
     let t = &run.training;
     let inputs = run.model.inputs();
     let image_tokens = inputs.image_tokens(t.latent_height, t.latent_width);
@@ -206,9 +213,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "sharding": format!("{:?}", run.parallelism.sharding).to_lowercase(),
         "overlap_grad_reduce": run.parallelism.overlap_grad_reduce,
         "bucket_mib": run.parallelism.bucket_mib,
-        "optimizer_state_mib_per_rank": optimizer_bytes as f64 / (1 << 20) as f64,
+        "optimizer_state_mib_per_rank": mib(optimizer_bytes),
         // Weights present, gradients and optimizer state after the last step.
-        "model_state_mib_per_rank": model_state as f64 / (1 << 20) as f64,
+        "model_state_mib_per_rank": mib(model_state),
         "image_tokens": image_tokens,
         "text_tokens": text_tokens,
         "seconds": seconds,
@@ -217,9 +224,16 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "flops": per_step,
         "flops_per_s": per_step / m,
         "peak_rss_mib": peak_rss_mib(),
+        "baseline_rss_mib": baseline_rss,
+        "peak_tensor_mib": counted.then(|| mib(tensor_memory::cpu_tensor_bytes().peak)),
     });
     println!("{out}");
     Ok(())
+}
+
+/// Bytes in MiB.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
 }
 
 fn matmul(args: MatmulArgs) -> Result<()> {

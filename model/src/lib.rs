@@ -37,6 +37,7 @@ pub mod patchify;
 mod prediction;
 pub mod recompute;
 pub mod residency;
+pub mod tensor_memory;
 pub mod tp;
 mod widths;
 

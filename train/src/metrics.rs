@@ -114,13 +114,19 @@ impl MetricsWriter {
 
 /// Peak resident set size of this process in MiB (`VmHWM`), or 0 where unavailable.
 pub fn peak_rss_mib() -> f64 {
+    proc_status_mib("VmHWM:")
+}
+
+/// Resident set size of this process now, in MiB (`VmRSS`), or 0 where unavailable.
+pub fn rss_mib() -> f64 {
+    proc_status_mib("VmRSS:")
+}
+
+/// A `kB` line of `/proc/self/status` in MiB, or 0 where unavailable.
+fn proc_status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(str::to_owned)
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_owned))
         .and_then(|l| {
             l.split_whitespace()
                 .nth(1)
