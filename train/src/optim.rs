@@ -135,7 +135,9 @@ impl AdamW {
     }
 
     /// Apply one update at learning rate `lr` from the parameters' gradients, then clear them.
-    /// Decaying and non-decaying parameters each go through one fused kernel call.
+    /// Decaying and non-decaying parameters go through the fused kernel in chunks of at most
+    /// [`STEP_CHUNK_ELEMENTS`] (a larger parameter alone), so the f32 copies of bf16 gradients
+    /// never exceed a chunk.
     pub fn step(&mut self, lr: f64) {
         self.step += 1;
         let c = &self.config;
@@ -149,21 +151,26 @@ impl AdamW {
                 let Some(first) = slots.first() else {
                     continue;
                 };
-                let grads: Vec<Tensor> = slots
-                    .iter()
-                    .map(|s| s.param.grad().to_kind(Kind::Float))
-                    .collect();
                 let step = Tensor::from(self.step as f32).to_device(first.master.device());
-                let take = |f: fn(&Slot) -> &Tensor| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
                 let hyper = Hyper::adamw(c, lr, decay);
-                fused_adamw(
-                    &take(|s| &s.master),
-                    &grads,
-                    &take(|s| &s.exp_avg),
-                    &take(|s| &s.exp_avg_sq),
-                    &step,
-                    hyper,
-                );
+                let sizes: Vec<usize> = slots.iter().map(|s| s.param.numel()).collect();
+                for chunk in chunk_ranges(&sizes, STEP_CHUNK_ELEMENTS) {
+                    let slots = &slots[chunk];
+                    let grads: Vec<Tensor> = slots
+                        .iter()
+                        .map(|s| s.param.grad().to_kind(Kind::Float))
+                        .collect();
+                    let take =
+                        |f: fn(&Slot) -> &Tensor| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
+                    fused_adamw(
+                        &take(|s| &s.master),
+                        &grads,
+                        &take(|s| &s.exp_avg),
+                        &take(|s| &s.exp_avg_sq),
+                        &step,
+                        hyper,
+                    );
+                }
             }
             for s in self
                 .slots
@@ -185,6 +192,28 @@ impl AdamW {
             }
         }
     }
+}
+
+/// Elements per fused AdamW call of the replicated optimizer: 2^25 (128 MiB of f32 gradient
+/// copies under bf16).
+pub const STEP_CHUNK_ELEMENTS: usize = 1 << 25;
+
+/// Consecutive index ranges over `sizes` whose sums stay within `cap` (an item larger than `cap`
+/// alone).
+pub fn chunk_ranges(sizes: &[usize], cap: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut total) = (0, 0);
+    for (i, &n) in sizes.iter().enumerate() {
+        if i > start && total + n > cap {
+            out.push(start..i);
+            (start, total) = (i, 0);
+        }
+        total += n;
+    }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
 }
 
 /// Global L2 norm of all gradients of `store`'s model. Split parameters contribute their shard on
@@ -247,4 +276,17 @@ pub fn named_params(store: &ShardedStore) -> Vec<(String, Tensor)> {
         .iter()
         .map(|s: &ParamSpec| (s.name.clone(), vars[&s.name].shallow_clone()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_ranges;
+
+    #[test]
+    fn chunks_stay_within_the_cap_and_a_large_item_goes_alone() {
+        assert_eq!(chunk_ranges(&[3, 3, 3, 3], 6), vec![0..2, 2..4]);
+        assert_eq!(chunk_ranges(&[2, 9, 2, 2], 6), vec![0..1, 1..2, 2..4]);
+        assert_eq!(chunk_ranges(&[7], 6), vec![0..1]);
+        assert!(chunk_ranges(&[], 6).is_empty());
+    }
 }
