@@ -42,7 +42,7 @@ pub struct Attention {
 
 impl Rows {
     /// How many rows of this kind a sample has.
-    fn count(self, img: f64, txt: f64) -> f64 {
+    pub(crate) fn count(self, img: f64, txt: f64) -> f64 {
         match self {
             Rows::Image => img,
             Rows::Text => txt,

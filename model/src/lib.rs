@@ -20,6 +20,7 @@
 // Lets the macro's `::flux_model::…` paths resolve inside this crate too.
 extern crate self as flux_model;
 
+pub mod activations;
 pub mod architecture;
 pub mod attention;
 mod block;

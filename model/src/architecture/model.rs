@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::activations::Activations;
 use crate::architecture::{Built, DiffusionBatch, InputError, InputSpec, RootBlock};
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, ForwardFlops, Rows};
@@ -98,6 +99,9 @@ pub trait ModelConfig:
 
     /// The attention layers, for the FLOPs count.
     fn attention(&self) -> Attention;
+
+    /// What the training forward pass saves for backward, layer by layer (`flux-hpc plan`).
+    fn activations(&self) -> Activations;
 
     /// Whether training draws dropout masks (which layer recomputation cannot replay).
     fn uses_dropout(&self) -> bool {

@@ -8,6 +8,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tch::Device;
 
+use crate::activations::Activations;
 use crate::architecture::{forward_flops, DiffusionModel, InputSpec, ModelConfig};
 use crate::convert::{Layout, Source};
 use crate::dit::DitConfig;
@@ -89,6 +90,7 @@ trait AnyConfig: Debug + Send + Sync {
     fn param_specs(&self, tp_size: i64) -> Vec<ParamSpec>;
     fn weight_matrices(&self) -> Vec<(f64, Rows)>;
     fn forward_flops(&self, batch: i64, img: i64, txt: i64) -> ForwardFlops;
+    fn activations(&self) -> Activations;
     fn uses_dropout(&self) -> bool;
     fn weight_layouts(&self) -> Vec<Layout>;
     fn external_source(&self, native: &str, layout: Layout) -> Option<Source>;
@@ -125,6 +127,9 @@ impl<C: ModelConfig> AnyConfig for C {
     }
     fn forward_flops(&self, batch: i64, img: i64, txt: i64) -> ForwardFlops {
         forward_flops(self, batch, img, txt)
+    }
+    fn activations(&self) -> Activations {
+        ModelConfig::activations(self)
     }
     fn uses_dropout(&self) -> bool {
         ModelConfig::uses_dropout(self)
@@ -258,6 +263,11 @@ impl ModelSpec {
         self.0.forward_flops(batch, img, txt)
     }
 
+    /// What the training forward pass saves for backward, layer by layer.
+    pub fn activations(&self) -> Activations {
+        self.0.activations()
+    }
+
     /// Whether training draws dropout masks.
     pub fn uses_dropout(&self) -> bool {
         self.0.uses_dropout()
@@ -357,6 +367,20 @@ mod tests {
         let again = ModelSpec::from_table(spec.to_table()).unwrap();
         assert_eq!(again, spec);
         assert_eq!(spec.to_table().keys().next().unwrap(), ARCHITECTURE_KEY);
+    }
+
+    #[test]
+    fn activations_name_the_layers_the_built_model_runs() {
+        for text in [
+            "hidden_size = 32\nnum_attention_heads = 2\nnum_joint_layers = 2\nnum_single_layers = 1\naxes_dim = [4, 6, 6]",
+            "architecture = \"dit\"\nhidden_size = 32\nnum_attention_heads = 2\ndepth = 3",
+            "architecture = \"flux2\"\nnum_layers = 1\nnum_single_layers = 2\nnum_attention_heads = 2\nattention_head_dim = 16\naxes_dims_rope = [4, 4, 4, 4]",
+        ] {
+            let spec = ModelSpec::from_table(table(text)).unwrap();
+            let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
+            let names: Vec<String> = spec.activations().layers.into_iter().map(|l| l.name).collect();
+            assert_eq!(names, model.layers(), "{}", spec.architecture());
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use tch::Tensor;
 
+use crate::activations::Width;
+use crate::activations::{diffusion_io, modulated_stream, Activations, LayerActivations, Saved};
 use crate::architecture::{
     check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
 };
@@ -62,6 +64,38 @@ impl ModelConfig for DitConfig {
         }
         out.extend([(2.0 * d * d, Rows::Sample), (d * channels, Rows::Image)]);
         out
+    }
+
+    /// Per block, over the image tokens: the modulated stream with the fused projection `3d`
+    /// (its views are attention's queries, keys and values), the attention output and its copy
+    /// for the output projection `2d`, and the MLP's hidden width before and after GELU `2m`;
+    /// and its modulation per sample.
+    fn activations(&self) -> Activations {
+        let d = self.hidden_size as f64;
+        let m = self.widths().mlp_hidden() as f64;
+        let heads = self.num_attention_heads as f64;
+        let layers = (0..self.depth)
+            .map(|i| {
+                let mut saved = vec![Saved::new(Rows::Sample, 7.0 * d, Width::Gathered)];
+                saved.extend(modulated_stream(Rows::Image, d, heads, 5.0 * d + 2.0 * m));
+                LayerActivations {
+                    name: DitTransformer::layer_name(i),
+                    saved,
+                    inputs: vec![Saved::new(Rows::Image, d, Width::Whole)],
+                }
+            })
+            .collect();
+        Activations {
+            layers,
+            outside: diffusion_io(
+                d,
+                self.widths().token_channels() as f64,
+                0.0,
+                self.cond_dim as f64,
+                2.0,
+                Rows::Image,
+            ),
+        }
     }
 
     fn attention(&self) -> Attention {

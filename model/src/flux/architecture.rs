@@ -3,11 +3,12 @@
 
 use tch::Tensor;
 
+use crate::activations::Activations;
 use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
 use crate::convert::{self, Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
-use crate::flux::flops;
+use crate::flux::{activations, flops};
 use crate::tp::check_tp_size;
 use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer};
 
@@ -56,6 +57,10 @@ impl ModelConfig for FluxConfig {
 
     fn attention(&self) -> Attention {
         flops::attention(self)
+    }
+
+    fn activations(&self) -> Activations {
+        activations::activations(self)
     }
 
     fn uses_dropout(&self) -> bool {

@@ -1,6 +1,7 @@
 //! FLUX.1 (Black Forest Labs; Primus' Megatron-Core Flux): the MMDiT with joint and single
 //! layers, 3-axis RoPE, guidance embedding. `architecture = "flux"`, the default.
 
+pub mod activations;
 mod architecture;
 mod config;
 pub mod flops;

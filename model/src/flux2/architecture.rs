@@ -3,6 +3,9 @@
 
 use tch::Tensor;
 
+use crate::activations::{
+    diffusion_io, modulated_stream, qk_norms, Activations, LayerActivations, Saved, Width,
+};
 use crate::architecture::{
     check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
 };
@@ -78,6 +81,59 @@ impl ModelConfig for Flux2Config {
         }
         out.extend([(2.0 * d * d, Rows::Sample), (d * channels, Rows::Image)]);
         out
+    }
+
+    /// As FLUX.1's ([`crate::flux::activations`]) with SwiGLU MLPs: the fused gate and value
+    /// `2m`, SiLU of the gate `m` and the product `m` (in the single layers the product is
+    /// copied into the output projection's input instead), and the modulation computed once per
+    /// model rather than per layer.
+    fn activations(&self) -> Activations {
+        let d = self.hidden_size() as f64;
+        let m = self.mlp_hidden() as f64;
+        let heads = self.num_attention_heads as f64;
+        let mut layers = Vec::new();
+        for i in 0..self.num_layers {
+            let mut saved = Vec::new();
+            for rows in [Rows::Image, Rows::Text] {
+                saved.extend(modulated_stream(rows, d, heads, 8.0 * d + 4.0 * m));
+                saved.extend(qk_norms(rows, d, heads));
+            }
+            layers.push(LayerActivations {
+                name: Flux2Transformer::layer_name(false, i),
+                saved,
+                inputs: vec![
+                    Saved::new(Rows::Image, d, Width::Whole),
+                    Saved::new(Rows::Text, d, Width::Whole),
+                ],
+            });
+        }
+        for j in 0..self.num_single_layers {
+            let mut saved = vec![
+                Saved::new(Rows::Tokens, 3.0 * d, Width::Whole),
+                Saved::new(Rows::Tokens, d, Width::Gathered),
+                Saved::new(Rows::Tokens, 7.0 * d + 4.0 * m, Width::Split),
+                Saved::f32(Rows::Tokens, 2.0, Width::Whole),
+                Saved::f32(Rows::Tokens, heads, Width::Split),
+            ];
+            saved.extend(qk_norms(Rows::Tokens, d, heads));
+            layers.push(LayerActivations {
+                name: Flux2Transformer::layer_name(true, j),
+                saved,
+                inputs: vec![Saved::new(Rows::Tokens, d, Width::Whole)],
+            });
+        }
+        let embedders = if self.guidance_embeds { 2.0 } else { 1.0 };
+        let mut outside = diffusion_io(
+            d,
+            self.token_channels() as f64,
+            self.joint_attention_dim as f64,
+            0.0,
+            embedders,
+            Rows::Tokens,
+        );
+        // The three shared modulations: SiLU of the conditioning and `6d + 6d + 3d` outputs.
+        outside.push(Saved::new(Rows::Sample, 18.0 * d, Width::Gathered));
+        Activations { layers, outside }
     }
 
     fn attention(&self) -> Attention {
