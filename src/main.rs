@@ -8,6 +8,7 @@ mod data_cmd;
 mod demo;
 mod info;
 mod lora_cmd;
+mod plan_cmd;
 mod resolution;
 mod sample_cmd;
 mod slurm_cmd;
@@ -114,6 +115,16 @@ enum Command {
     ///
     /// Example: flux-hpc info configs/flux_12b.toml
     Info(info::InfoArgs),
+    /// Predict each rank's peak memory (weights, gradients, optimizer state, EMA, activations
+    /// and the step's transients) for the config's layout, the largest micro-batch that fits,
+    /// and the same for every tensor × data parallel × sharding × recompute layout of the GPUs.
+    ///
+    /// Computed from the model's parameter specs and the tensors its layers save, without
+    /// allocating; the CUDA context, NCCL and library workspaces are left to --headroom. On the
+    /// CPU, `bench step` measures the same quantity as `peak_tensor_mib`.
+    ///
+    /// Example: flux-hpc plan configs/flux_12b.toml --gpus 8 --gpu-memory 80GiB
+    Plan(plan_cmd::PlanArgs),
 }
 
 /// Options every command shares: the config file and its overrides.
@@ -147,6 +158,7 @@ fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::Info(args) => info::run(args),
+        Command::Plan(args) => plan_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::CheckParallel(args) => check_parallel::run(args),
         Command::Train(args) => train_cmd::run(args),

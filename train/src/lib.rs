@@ -15,6 +15,7 @@ mod fused_adamw;
 mod grad_hooks;
 mod lora_run;
 pub mod loss;
+pub mod memory_plan;
 pub mod metrics;
 mod monitoring;
 pub mod noise;

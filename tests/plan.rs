@@ -1,0 +1,168 @@
+//! `flux-hpc plan` against training itself: the peak of each rank's tensors it predicts from the
+//! config, and the peak `bench step` measures by counting libtorch's CPU allocations, under
+//! mpirun at DP 2 on both CPU configs at every sharding level; and the plans of the large
+//! configs on 8 GPUs.
+
+mod common;
+
+use common::{flux_hpc, ok, FLUX_TINY};
+use serde_json::Value;
+
+fn json(out: &std::process::Output) -> Value {
+    ok(out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn sets(overrides: &[String]) -> Vec<String> {
+    overrides
+        .iter()
+        .flat_map(|o| ["--set".to_string(), o.clone()])
+        .collect()
+}
+
+/// The one `bench step` record (rank 0 alone reports): two steps (the second one has every
+/// state tensor from the start) on 2 ranks.
+fn measure(config: &str, overrides: &[String]) -> Value {
+    let out = std::process::Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .arg(env!("CARGO_BIN_EXE_flux-hpc"))
+        .args(["bench", "step", config, "--device", "cpu"])
+        .args(["--warmup", "1", "--steps", "1", "--threads", "1"])
+        .args(sets(overrides))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    json(&out)
+}
+
+fn plan(config: &str, args: &[&str], overrides: &[String]) -> Value {
+    let mut all: Vec<String> = ["plan", config, "--json"].map(String::from).to_vec();
+    all.extend(args.iter().map(|a| a.to_string()));
+    all.extend(sets(overrides));
+    json(&flux_hpc(
+        &all.iter().map(String::as_str).collect::<Vec<_>>(),
+    ))
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// The issue's acceptance: within 15% at every sharding level (measured: 0.96–0.99 of the
+/// measured peak; the misses are allocations outside the model, such as autograd's own).
+#[test]
+fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
+    let mut misses = Vec::new();
+    for (config, extra) in [
+        (FLUX_TINY, None),
+        (
+            "benches/side_by_side.toml",
+            Some("training.micro_batch_size=1"),
+        ),
+    ] {
+        for sharding in ["none", "optimizer", "gradients", "full"] {
+            let mut overrides = vec![format!("parallelism.sharding=\"{sharding}\"")];
+            overrides.extend(extra.map(String::from));
+            let measured = measure(config, &overrides);
+            assert_eq!(measured["ranks"], 2);
+            assert_eq!(measured["tp"], 1);
+            let predicted = plan(config, &["--gpus", "2", "--kernels", "cpu"], &overrides);
+            let memory = &predicted["memory"];
+            // What stays between steps is known exactly: weights present, gradients, optimizer.
+            let state = memory["weights"].as_u64().unwrap()
+                + memory["gradients"].as_u64().unwrap()
+                + memory["optimizer"].as_u64().unwrap();
+            let state_measured = measured["model_state_mib_per_rank"].as_f64().unwrap() * MIB;
+            assert_eq!(state as f64, state_measured, "{config} {sharding}: state");
+            let peak = memory["peak"].as_f64().unwrap() / MIB;
+            let peak_measured = measured["peak_tensor_mib"].as_f64().unwrap();
+            let ratio = peak / peak_measured;
+            eprintln!(
+                "{config} sharding {sharding}: predicted {peak:.1} MiB ({}), measured \
+                 {peak_measured:.1} MiB, ratio {ratio:.3}",
+                memory["peak_phase"]
+            );
+            if !(0.85..=1.15).contains(&ratio) {
+                misses.push(format!("{config} {sharding}: {ratio:.3}"));
+            }
+        }
+    }
+    assert!(
+        misses.is_empty(),
+        "predictions off by more than 15%: {misses:?}"
+    );
+}
+
+fn fitting(plan: &Value) -> Vec<String> {
+    plan["layouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| !l["largest_micro_batch"].is_null())
+        .map(|l| {
+            format!(
+                "tp{} {} recompute={}",
+                l["tp"], l["sharding"], l["recompute"]
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_large_configs_fit_eight_gpus_only_sharded_or_split() {
+    for (config, memory) in [
+        ("configs/flux_12b.toml", "80GiB"),
+        ("configs/flux_12b.toml", "141GiB"),
+        ("configs/flux2_dev.toml", "80GiB"),
+        ("configs/flux2_dev.toml", "141GiB"),
+    ] {
+        let p = plan(config, &["--gpus", "8", "--gpu-memory", memory], &[]);
+        let fits = fitting(&p);
+        eprintln!("{config} on 8 × {memory}: {fits:?}");
+        // Replicating the whole training state on every GPU does not fit either model.
+        assert!(
+            !fits.iter().any(|f| f.starts_with("tp1 \"none\"")),
+            "{fits:?}"
+        );
+        // Fully sharded with recomputation at TP 2 does.
+        assert!(
+            fits.contains(&"tp2 \"full\" recompute=true".to_string()),
+            "{fits:?}"
+        );
+        let layouts = p["layouts"].as_array().unwrap();
+        // TP 1, 2, 4, 8: four sharding levels where DP ≥ 2, none at DP 1; with and without
+        // recomputation.
+        assert_eq!(
+            layouts.len(),
+            (3 * 4 + 1) * 2,
+            "{config}: every layout of 8 ranks"
+        );
+    }
+}
+
+#[test]
+fn bad_plan_arguments_name_what_is_wrong() {
+    let out = flux_hpc(&["plan", "configs/flux_12b.toml", "--gpus", "4"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a multiple of tensor_parallel_size 8"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = flux_hpc(&["plan", FLUX_TINY, "--gpu-memory", "80"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
+    let out = flux_hpc(&[
+        "plan",
+        FLUX_TINY,
+        "--set",
+        "lora.rank=4",
+        "--set",
+        "lora.targets=[\"*\"]",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("runs with [lora] are not planned yet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

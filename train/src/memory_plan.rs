@@ -1,0 +1,602 @@
+//! How much memory one rank's tensors need at the peak of a training step, predicted from the
+//! model's parameter specs and the activations its layers save ([`flux_model::activations`]),
+//! for a parallel layout: tensor and data parallel sizes, sharding level, sequence parallelism,
+//! recomputation and micro-batch. `flux-hpc plan` prints it; the bench measures the same
+//! quantity on the CPU (`peak_tensor_mib`, [`flux_model::tensor_memory`]).
+//!
+//! The step is followed through its phases, as the trainer runs them:
+//!
+//! - **backward**, layer by layer in reverse: the activations of the layers not yet reached, the
+//!   recomputed layer's whole set, gradients of buckets not yet complete (sharded gradients drop
+//!   a bucket's as soon as it is reduce-scattered, after flattening it in f32), and under full
+//!   sharding the layer whose weights are gathered;
+//! - **gradient reduction** after backward (plain and optimizer sharding): a bucket flattened in
+//!   f32;
+//! - **optimizer step**: the f32 copies of bf16 gradients, and the all-gather of each updated
+//!   bucket.
+//!
+//! Between them the state stays: weights present, gradients kept between steps, f32 masters,
+//! AdamW's two moments, the EMA, and the f32 gradient share of sharded gradients. Libraries'
+//! own workspaces (cuBLAS, oneDNN), the CUDA context, NCCL's buffers and allocator fragmentation
+//! are not tensors and are left to the headroom.
+
+use flux_model::activations::{bytes_of, ActivationShape, Kernels};
+use flux_model::ConfigError;
+
+use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
+use crate::run_config::{RunConfig, Sharding};
+use crate::sections::Precision;
+use crate::shard_layout::ShardLayout;
+use crate::sharded_params::layer_of;
+
+/// One way to lay a run out over the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Tensor-parallel ranks.
+    pub tp: usize,
+    /// Data-parallel replicas.
+    pub dp: usize,
+    /// Replicas that shard among themselves (HSDP); 0: all of them.
+    pub shard_group: usize,
+    /// What the replicas shard.
+    pub sharding: Sharding,
+    /// Whether the tensor-parallel group splits the sequence.
+    pub sequence_parallel: bool,
+    /// Whether layers recompute their activations in backward.
+    pub recompute: bool,
+    /// Samples per micro-batch on each replica.
+    pub micro_batch: u64,
+}
+
+impl Layout {
+    /// The layout `run` asks for on `ranks` ranks.
+    pub fn of(run: &RunConfig, ranks: usize) -> Self {
+        let p = &run.parallelism;
+        let tp = p.tensor_parallel_size.max(1) as usize;
+        Self {
+            tp,
+            dp: (ranks / tp).max(1),
+            shard_group: p.shard_group_size as usize,
+            sharding: p.sharding,
+            sequence_parallel: p.sequence_parallel,
+            recompute: run.training.recompute,
+            micro_batch: run.training.micro_batch_size,
+        }
+    }
+
+    /// Ranks that hold the parts of one sharded parameter.
+    fn shards(&self) -> usize {
+        match (self.sharding, self.shard_group) {
+            (Sharding::None, _) => 1,
+            (_, 0) => self.dp,
+            (_, g) => g,
+        }
+    }
+}
+
+/// A moment of training where a rank's memory may peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Building the model: every rank creates its tensor-parallel shard of every weight in f32
+    /// before casting, and before full sharding gives the layers back.
+    Build,
+    /// While backward runs through the layers.
+    Backward,
+    /// While gradients are summed over the replicas after backward.
+    GradientReduction,
+    /// While the optimizer updates and gathers the weights.
+    OptimizerStep,
+}
+
+impl Phase {
+    /// How the phase reads in a report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Build => "build",
+            Phase::Backward => "backward",
+            Phase::GradientReduction => "gradient reduction",
+            Phase::OptimizerStep => "optimizer step",
+        }
+    }
+}
+
+/// A rank's tensor bytes at the top of one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhasePeak {
+    /// The phase.
+    pub phase: Phase,
+    /// What the micro-batch's forward pass still keeps for backward.
+    pub activations: u64,
+    /// Everything else alive beside the state: gradients of buckets not yet reduced, the
+    /// gathered layer, flattened buckets, f32 copies of bf16 gradients.
+    pub transient: u64,
+    /// All of it, the state included (during the build: the f32 weights alone).
+    pub total: u64,
+}
+
+/// One rank's tensor bytes: the state kept between steps, and the top of each phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankMemory {
+    /// Weights present between steps (all but the layers full sharding gives back).
+    pub weights: u64,
+    /// Gradients kept between steps (sharded gradients keep none; their f32 share lives from
+    /// the first backward to the optimizer step, a transient).
+    pub gradients: u64,
+    /// f32 masters (where the weights are not their own) and AdamW's two moments.
+    pub optimizer: u64,
+    /// The f32 moving average of the weights.
+    pub ema: u64,
+    /// The top of each phase.
+    pub phases: Vec<PhasePeak>,
+}
+
+impl RankMemory {
+    /// State kept between steps.
+    pub fn state(&self) -> u64 {
+        self.weights + self.gradients + self.optimizer + self.ema
+    }
+
+    /// The phase where memory peaks.
+    pub fn peak_phase(&self) -> &PhasePeak {
+        self.phases
+            .iter()
+            .max_by_key(|p| p.total)
+            .expect("a plan has phases")
+    }
+
+    /// The most bytes alive at once.
+    pub fn peak(&self) -> u64 {
+        self.peak_phase().total
+    }
+}
+
+/// Predict one rank's peak tensor memory for `run` laid out as `layout`, with `kernels` running
+/// (libtorch's CPU kernels save more than the fused CUDA ones). Fails naming the field where the
+/// plan cannot apply.
+pub fn predict(
+    run: &RunConfig,
+    layout: &Layout,
+    kernels: Kernels,
+) -> Result<RankMemory, ConfigError> {
+    if run.lora.is_some() {
+        return Err(ConfigError::new(
+            "lora",
+            "plan covers full training; runs with [lora] are not planned yet".to_string(),
+        ));
+    }
+    let model = &run.model;
+    let t = &run.training;
+    let elt = match t.precision {
+        Precision::Fp32 => 4u64,
+        Precision::Bf16 => 2,
+    };
+    let shard_grads = matches!(layout.sharding, Sharding::Gradients | Sharding::Full);
+    let full = layout.sharding == Sharding::Full;
+    let activations = model.activations();
+    let layer_names: Vec<&str> = activations.layers.iter().map(|l| l.name.as_str()).collect();
+
+    // Parameters in the optimizer's order: gradients the tensor-parallel group sums go last.
+    let specs = model.param_specs(layout.tp as i64);
+    let late = |s: &flux_model::tp::ParamSpec| {
+        shard_grads && layout.tp > 1 && s.grad_sync == flux_model::tp::GradSync::SumOverGroup
+    };
+    let ordered: Vec<_> = specs
+        .iter()
+        .filter(|s| !late(s))
+        .chain(specs.iter().filter(|s| late(s)))
+        .collect();
+    let numels: Vec<usize> = ordered
+        .iter()
+        .map(|s| s.local_shape().iter().product::<i64>() as usize)
+        .collect();
+    // The layer each parameter belongs to, by index into the layers.
+    let layer: Vec<Option<usize>> = ordered
+        .iter()
+        .map(|s| layer_of(&s.name).and_then(|l| layer_names.iter().position(|&n| n == l)))
+        .collect();
+    let early = ordered.iter().filter(|s| !late(s)).count();
+    let mut splits = vec![early];
+    if full {
+        splits.extend(
+            (1..ordered.len())
+                .filter(|&i| layer_of(&ordered[i].name) != layer_of(&ordered[i - 1].name)),
+        );
+    }
+    let cap = run.parallelism.bucket_elements();
+    let shards = layout.shards();
+    let buckets = ShardLayout::new(numels.clone(), cap, shards, 0, &splits);
+    let params: u64 = numels.iter().map(|&n| n as u64).sum();
+    let owned = buckets.owned as u64;
+    let outside: u64 = numels
+        .iter()
+        .zip(&layer)
+        .filter(|(_, l)| l.is_none())
+        .map(|(&n, _)| n as u64)
+        .sum();
+    let layer_params = |i: usize| -> u64 {
+        numels
+            .iter()
+            .zip(&layer)
+            .filter(|(_, l)| **l == Some(i))
+            .map(|(&n, _)| n as u64)
+            .sum()
+    };
+
+    // State between steps.
+    let sharded = layout.sharding != Sharding::None;
+    let kept = if sharded { owned } else { params };
+    let weights = if full { outside * elt } else { params * elt };
+    let kept_grads = if shard_grads { 0 } else { params * elt };
+    let masters = if full || elt != 4 { 4 * kept } else { 0 };
+    let optimizer = masters + 8 * kept;
+    let ema = if t.ema_decay > 0.0 { 4 * kept } else { 0 };
+    let share = if shard_grads { 4 * owned } else { 0 };
+
+    // Activations of one micro-batch.
+    let inputs = model.inputs();
+    let shape = ActivationShape {
+        batch: layout.micro_batch as i64,
+        img: inputs.image_tokens(t.latent_height, t.latent_width),
+        txt: inputs.text_tokens(t.text_len),
+        tp: layout.tp as i64,
+        sequence_parallel: layout.sequence_parallel,
+        elt: elt as i64,
+        kernels,
+    };
+    let saved: Vec<u64> = activations
+        .layers
+        .iter()
+        .map(|l| bytes_of(&l.saved, &shape) as u64)
+        .collect();
+    let kept_by_layer: Vec<u64> = if layout.recompute {
+        activations
+            .layers
+            .iter()
+            .map(|l| bytes_of(&l.inputs, &shape) as u64)
+            .collect()
+    } else {
+        saved.clone()
+    };
+    let around = bytes_of(&activations.outside, &shape) as u64;
+
+    // Backward: layer `i` (from the last), with layers before it still holding their
+    // activations; the parameters outside the layers after the last layer (the output layer)
+    // get their gradients first, those before the first (the embedders) last.
+    let n = saved.len();
+    let first_layer_param = layer.iter().position(Option::is_some).unwrap_or(0);
+    let time = |p: usize| -> usize {
+        match layer[p] {
+            Some(i) => n - i,
+            None if p < first_layer_param => n + 1,
+            None => 0,
+        }
+    };
+    let done: Vec<usize> = buckets
+        .buckets
+        .iter()
+        .map(|b| b.params.clone().map(time).max().unwrap_or(0))
+        .collect();
+    // Bytes per element a bucket takes while it is flattened for a collective: f32, after an f32
+    // copy of each bf16 gradient.
+    let flat = if elt == 4 { 4 } else { 8 };
+    let bucket_numel = |b: &crate::shard_layout::Bucket| -> u64 {
+        b.params.clone().map(|p| numels[p] as u64).sum()
+    };
+    // Gradients alive at `step`: those of buckets not complete before it, produced before it
+    // (or by it, `produced`).
+    let grads_at = |step: usize, produced: bool| -> u64 {
+        if !shard_grads {
+            return 0;
+        }
+        buckets
+            .buckets
+            .iter()
+            .zip(&done)
+            .filter(|(_, &d)| d >= step)
+            .flat_map(|(b, _)| b.params.clone())
+            .filter(|&p| time(p) < step || (produced && time(p) == step))
+            .map(|p| numels[p] as u64 * elt)
+            .sum()
+    };
+    let mut backward = (0u64, 0u64);
+    for step in 0..=n + 1 {
+        let layer_now = (1..=n).contains(&step).then(|| n - step);
+        // Activations of the layers backward has not reached yet.
+        let before: u64 = around
+            + match layer_now {
+                Some(i) => kept_by_layer[..i].iter().sum::<u64>(),
+                None if step == 0 => kept_by_layer.iter().sum(),
+                None => 0,
+            };
+        // The next layer's gathers land in host buffers until it runs.
+        let gathered = match (full, layer_now) {
+            (true, Some(i)) => layer_params(i) * elt,
+            _ => 0,
+        };
+        // Entering the layer: its whole saved set (recomputed, or kept) is alive.
+        let entering = (
+            before + layer_now.map_or(0, |i| saved[i]),
+            share + grads_at(step, false) + gathered,
+        );
+        // Leaving it: its activations are spent, its gradients are all there, and a bucket it
+        // completes is flattened in f32 and its share summed before they go.
+        let flattening = if shard_grads {
+            buckets
+                .buckets
+                .iter()
+                .zip(&done)
+                .filter(|(_, &d)| d == step)
+                .map(|(b, _)| flat * bucket_numel(b) + 4 * b.share as u64)
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let leaving = (before, share + grads_at(step, true) + flattening + gathered);
+        for (acts, transient) in [entering, leaving] {
+            if acts + transient > backward.0 + backward.1 {
+                backward = (acts, transient);
+            }
+        }
+    }
+
+    // Gradient reduction after backward: a bucket's gradients flattened, and under optimizer
+    // sharding this rank's summed share.
+    let largest_bucket = buckets.buckets.iter().map(bucket_numel).max().unwrap_or(0);
+    let largest_param = numels.iter().copied().max().unwrap_or(0) as u64;
+    let reduction = match layout.sharding {
+        Sharding::None if layout.dp > 1 => flat * largest_bucket,
+        Sharding::Optimizer => flat * largest_bucket + 4 * largest_bucket / shards as u64,
+        _ => 0,
+    };
+
+    // Optimizer step: bf16 gradients copied to f32 for the fused update, then each updated
+    // bucket gathered (the bucket and this rank's share in f32, one parameter converted).
+    let updated = if full {
+        buckets
+            .buckets
+            .iter()
+            .filter(|b| b.params.clone().all(|p| layer[p].is_none()))
+            .map(bucket_numel)
+            .max()
+            .unwrap_or(0)
+    } else {
+        largest_bucket
+    };
+    // Replicated AdamW copies bf16 gradients to f32 one chunk at a time (matrices decay, the
+    // rest do not; each group is chunked on its own).
+    let chunk = [true, false]
+        .into_iter()
+        .flat_map(|decays| {
+            let group: Vec<usize> = ordered
+                .iter()
+                .zip(&numels)
+                .filter(|(s, _)| (s.shape.len() >= 2) == decays)
+                .map(|(_, &n)| n)
+                .collect();
+            chunk_ranges(&group, STEP_CHUNK_ELEMENTS)
+                .into_iter()
+                .map(move |r| group[r].iter().sum::<usize>() as u64)
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(0);
+    let gather = 4 * updated + 4 * updated / shards as u64 + (2 + elt) * largest_param;
+    let step = match layout.sharding {
+        Sharding::None if elt == 4 => 0,
+        Sharding::None => 4 * chunk,
+        Sharding::Optimizer if elt == 4 => gather,
+        Sharding::Optimizer => gather.max(4 * owned),
+        Sharding::Gradients | Sharding::Full => share + gather,
+    };
+
+    let state = weights + kept_grads + optimizer + ema;
+    let during = |phase, activations, transient| PhasePeak {
+        phase,
+        activations,
+        transient,
+        total: state + activations + transient,
+    };
+    Ok(RankMemory {
+        weights,
+        gradients: kept_grads,
+        optimizer,
+        ema,
+        phases: vec![
+            PhasePeak {
+                phase: Phase::Build,
+                activations: 0,
+                transient: 4 * params,
+                total: 4 * params,
+            },
+            during(Phase::Backward, backward.0, backward.1),
+            during(Phase::GradientReduction, 0, reduction),
+            during(Phase::OptimizerStep, 0, step),
+        ],
+    })
+}
+
+/// The most samples per micro-batch (up to `limit`) whose peak fits in `budget` bytes, or `None`
+/// when not even one does.
+pub fn largest_micro_batch(
+    run: &RunConfig,
+    layout: &Layout,
+    kernels: Kernels,
+    budget: u64,
+    limit: u64,
+) -> Result<Option<u64>, ConfigError> {
+    let fits = |b: u64| -> Result<bool, ConfigError> {
+        let at = Layout {
+            micro_batch: b,
+            ..*layout
+        };
+        Ok(predict(run, &at, kernels)?.peak() <= budget)
+    };
+    if limit == 0 || !fits(1)? {
+        return Ok(None);
+    }
+    // The peak grows with the micro-batch: bisect between one that fits and one that does not.
+    let (mut lo, mut hi) = (1, limit + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Some(lo))
+}
+
+/// Every layout of `run`'s model on `ranks` ranks worth comparing: each tensor-parallel size
+/// the model allows that divides `ranks` (sequence-parallel where the model supports it), the
+/// rest data parallel, at each sharding level the replicas allow (with `run`'s HSDP group where
+/// it divides them), with and without recomputation, at `run`'s micro-batch.
+pub fn candidate_layouts(run: &RunConfig, ranks: usize) -> Vec<Layout> {
+    let model = &run.model;
+    let sp_supported = model.check_sequence_parallel().is_ok();
+    let mut out = Vec::new();
+    for tp in (1..=ranks).filter(|&tp| ranks.is_multiple_of(tp)) {
+        if model.check_tp_size(tp).is_err() {
+            continue;
+        }
+        let dp = ranks / tp;
+        let group = run.parallelism.shard_group_size as usize;
+        let shard_group = if group > 1 && dp.is_multiple_of(group) && group < dp {
+            group
+        } else {
+            0
+        };
+        for sharding in [
+            Sharding::None,
+            Sharding::Optimizer,
+            Sharding::Gradients,
+            Sharding::Full,
+        ] {
+            if sharding != Sharding::None && dp < 2 {
+                continue;
+            }
+            for recompute in [false, true] {
+                out.push(Layout {
+                    tp,
+                    dp,
+                    shard_group: if sharding == Sharding::None {
+                        0
+                    } else {
+                        shard_group
+                    },
+                    sharding,
+                    sequence_parallel: tp > 1 && sp_supported,
+                    recompute,
+                    micro_batch: run.training.micro_batch_size,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(overrides: &[&str]) -> RunConfig {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/side_by_side.toml");
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        RunConfig::load(std::path::Path::new(path), &overrides).unwrap()
+    }
+
+    fn at(run: &RunConfig, ranks: usize, change: impl FnOnce(&mut Layout)) -> RankMemory {
+        let mut layout = Layout::of(run, ranks);
+        change(&mut layout);
+        predict(run, &layout, Kernels::Composite).unwrap()
+    }
+
+    #[test]
+    fn each_sharding_level_keeps_less_state_than_the_one_before() {
+        let run = run(&["training.precision=\"bf16\""]);
+        let states: Vec<u64> = [
+            Sharding::None,
+            Sharding::Optimizer,
+            Sharding::Gradients,
+            Sharding::Full,
+        ]
+        .into_iter()
+        .map(|s| at(&run, 4, |l| l.sharding = s).state())
+        .collect();
+        assert!(states.windows(2).all(|w| w[1] < w[0]), "{states:?}");
+        // Plain bf16: weights and gradients at 2 bytes, masters and moments at 12.
+        let plain = at(&run, 4, |_| ());
+        assert_eq!(plain.weights, plain.gradients);
+        assert_eq!(plain.optimizer, 6 * plain.weights);
+        // Optimizer sharding over 4 replicas keeps a quarter of it (up to the buckets' padding).
+        let sharded = at(&run, 4, |l| l.sharding = Sharding::Optimizer);
+        let quarter = plain.optimizer / 4;
+        assert!(sharded.optimizer >= quarter && sharded.optimizer < quarter + 4096);
+        // HSDP in groups of 2 keeps a half.
+        let hsdp = at(&run, 4, |l| {
+            l.sharding = Sharding::Optimizer;
+            l.shard_group = 2;
+        });
+        assert!(hsdp.optimizer.abs_diff(plain.optimizer / 2) < 4096);
+    }
+
+    #[test]
+    fn recomputation_and_sequence_parallelism_shrink_the_activations() {
+        let run = run(&["parallelism.tensor_parallel_size=2"]);
+        let acts = |m: &RankMemory| {
+            m.phases
+                .iter()
+                .find(|p| p.phase == Phase::Backward)
+                .unwrap()
+                .activations
+        };
+        let kept = acts(&at(&run, 2, |_| ()));
+        let recomputed = acts(&at(&run, 2, |l| l.recompute = true));
+        let split = acts(&at(&run, 2, |l| l.sequence_parallel = true));
+        assert!(recomputed < kept / 3, "{recomputed} vs {kept}");
+        assert!(split < kept, "{split} vs {kept}");
+        // Twice the micro-batch, twice the activations.
+        let double = acts(&at(&run, 2, |l| l.micro_batch *= 2));
+        assert_eq!(double.abs_diff(2 * kept), 0);
+    }
+
+    #[test]
+    fn the_largest_micro_batch_is_the_last_that_fits() {
+        let run = run(&[]);
+        let layout = Layout::of(&run, 2);
+        let peak = |b: u64| {
+            let l = Layout {
+                micro_batch: b,
+                ..layout
+            };
+            predict(&run, &l, Kernels::Fused).unwrap().peak()
+        };
+        let budget = peak(5) + 1;
+        let b = largest_micro_batch(&run, &layout, Kernels::Fused, budget, 100).unwrap();
+        assert_eq!(b, Some(5));
+        assert!(peak(6) > budget);
+        assert_eq!(
+            largest_micro_batch(&run, &layout, Kernels::Fused, peak(1) - 1, 100).unwrap(),
+            None
+        );
+        assert_eq!(
+            largest_micro_batch(&run, &layout, Kernels::Fused, u64::MAX, 7).unwrap(),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn layouts_cover_every_divisor_and_skip_sharding_without_replicas() {
+        let run = run(&[]);
+        let layouts = candidate_layouts(&run, 4);
+        // TP 1 and 2 (the side-by-side model has 8 heads; TP 4 too): DP 4, 2 and 1.
+        let tps: Vec<usize> = layouts.iter().map(|l| l.tp).collect();
+        assert!(tps.contains(&1) && tps.contains(&2) && tps.contains(&4));
+        assert!(layouts
+            .iter()
+            .filter(|l| l.dp == 1)
+            .all(|l| l.sharding == Sharding::None));
+        assert!(layouts.iter().all(|l| l.sequence_parallel == (l.tp > 1)));
+    }
+}
