@@ -17,9 +17,10 @@ use crate::ConfigArgs;
 pub struct PlanArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Ranks (GPUs) the run would use; data parallel = gpus / tensor_parallel_size.
-    #[arg(long, default_value_t = 8)]
-    gpus: usize,
+    /// Ranks (GPUs) the run would use; data parallel = gpus / tensor_parallel_size (default:
+    /// [slurm] nodes × ntasks_per_node).
+    #[arg(long)]
+    gpus: Option<usize>,
     /// Memory of each GPU: a number and a unit, e.g. 80GiB, 141GB, 192GiB.
     #[arg(long, default_value = "80GiB", value_parser = parse_bytes)]
     gpu_memory: u64,
@@ -123,13 +124,48 @@ fn memory_json(m: &RankMemory) -> serde_json::Value {
     })
 }
 
+/// The config's own layout in detail.
+fn print_own(layout: &Layout, memory: &RankMemory, largest: Option<u64>, budget: u64) {
+    println!("\nThis config: {}", describe(layout));
+    println!("  state kept between steps");
+    for (label, bytes) in [
+        ("weights", memory.weights),
+        ("gradients", memory.gradients),
+        ("optimizer", memory.optimizer),
+        ("EMA", memory.ema),
+    ] {
+        println!("    {label:<20}{:>9.2} GiB", gib(bytes));
+    }
+    println!("  top of each phase (activations + transient, total)");
+    for p in &memory.phases {
+        println!(
+            "    {:<20}{:>9.2} GiB + {:>6.2} GiB = {:>7.2} GiB",
+            p.phase.name(),
+            gib(p.activations),
+            gib(p.transient),
+            gib(p.total)
+        );
+    }
+    let verdict = if memory.peak() <= budget {
+        "fits"
+    } else {
+        "does not fit"
+    };
+    println!(
+        "  peak {:.2} GiB during the {}: {verdict}",
+        gib(memory.peak()),
+        memory.peak_phase().phase.name()
+    );
+    match largest {
+        Some(b) => println!("  largest micro-batch that fits: {b}"),
+        None => println!("  not even a micro-batch of 1 fits"),
+    }
+}
+
 /// Print the config's own layout in detail, then every layout of the same ranks.
 pub fn run(args: PlanArgs) -> Result<()> {
     if !(0.0..1.0).contains(&args.headroom) {
         bail!("--headroom must be in [0, 1), got {}", args.headroom);
-    }
-    if args.gpus == 0 {
-        bail!("--gpus must be at least 1");
     }
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let kernels = match args.kernels {
@@ -137,14 +173,22 @@ pub fn run(args: PlanArgs) -> Result<()> {
         KernelsArg::Cpu => Kernels::Composite,
     };
     let budget = (args.gpu_memory as f64 * (1.0 - args.headroom)) as u64;
-    let ranks = args.gpus;
-    let tp = run.parallelism.tensor_parallel_size as usize;
-    if tp == 0 || !ranks.is_multiple_of(tp) {
-        bail!("--gpus {ranks} is not a multiple of tensor_parallel_size {tp}");
+    let ranks = args
+        .gpus
+        .unwrap_or((run.slurm.nodes * run.slurm.ntasks_per_node) as usize);
+    if ranks == 0 {
+        bail!("--gpus must be at least 1");
     }
-    let own = Layout::of(&run, ranks);
-    let memory = predict(&run, &own, kernels)?;
-    let largest = largest_micro_batch(&run, &own, kernels, budget, args.max_micro_batch)?;
+    // The config's own layout, where it can run on these ranks.
+    let own = match Layout::of(&run, ranks) {
+        Ok(layout) => {
+            let memory = predict(&run, &layout, kernels)?;
+            let largest =
+                largest_micro_batch(&run, &layout, kernels, budget, args.max_micro_batch)?;
+            Ok((layout, memory, largest))
+        }
+        Err(e) => Err(format!("parallelism.{e}")),
+    };
     let mut table = Vec::new();
     for layout in candidate_layouts(&run, ranks) {
         let m = predict(&run, &layout, kernels)?;
@@ -178,9 +222,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 "gpu_memory": args.gpu_memory,
                 "budget": budget,
                 "kernels": format!("{:?}", args.kernels).to_lowercase(),
-                "layout": describe(&own),
-                "memory": memory_json(&memory),
-                "largest_micro_batch": largest,
+                "layout": own.as_ref().ok().map(|(l, _, _)| describe(l)),
+                "layout_error": own.as_ref().err(),
+                "memory": own.as_ref().ok().map(|(_, m, _)| memory_json(m)),
+                "largest_micro_batch": own.as_ref().ok().and_then(|(_, _, b)| *b),
                 "layouts": layouts,
             })
         );
@@ -195,39 +240,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
         gib(budget),
         args.headroom * 100.0
     );
-    println!("\nThis config: {}", describe(&own));
-    println!("  state kept between steps");
-    for (label, bytes) in [
-        ("weights", memory.weights),
-        ("gradients", memory.gradients),
-        ("optimizer", memory.optimizer),
-        ("EMA", memory.ema),
-    ] {
-        println!("    {label:<20}{:>9.2} GiB", gib(bytes));
-    }
-    println!("  top of each phase (activations + transient, total)");
-    for p in &memory.phases {
-        println!(
-            "    {:<20}{:>9.2} GiB + {:>6.2} GiB = {:>7.2} GiB",
-            p.phase.name(),
-            gib(p.activations),
-            gib(p.transient),
-            gib(p.total)
-        );
-    }
-    let verdict = if memory.peak() <= budget {
-        "fits"
-    } else {
-        "does not fit"
-    };
-    println!(
-        "  peak {:.2} GiB during the {}: {verdict}",
-        gib(memory.peak()),
-        memory.peak_phase().phase.name()
-    );
-    match largest {
-        Some(b) => println!("  largest micro-batch that fits: {b}"),
-        None => println!("  not even a micro-batch of 1 fits"),
+    match &own {
+        Ok((layout, memory, largest)) => print_own(layout, memory, *largest, budget),
+        Err(e) => println!("\nThis config cannot run on {ranks} ranks: {e}"),
     }
     println!(
         "\nLayouts on {ranks} ranks (peak per rank at micro-batch {}; the largest micro-batch that fits):",

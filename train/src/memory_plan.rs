@@ -49,19 +49,42 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout `run` asks for on `ranks` ranks.
-    pub fn of(run: &RunConfig, ranks: usize) -> Self {
+    /// The layout `run` asks for on `ranks` ranks; the error names the `[parallelism]` field
+    /// that cannot apply there, as training would refuse it.
+    pub fn of(run: &RunConfig, ranks: usize) -> Result<Self, ConfigError> {
         let p = &run.parallelism;
         let tp = p.tensor_parallel_size.max(1) as usize;
-        Self {
+        if !ranks.is_multiple_of(tp) {
+            return Err(ConfigError::new(
+                "tensor_parallel_size",
+                format!("{tp} does not divide {ranks} ranks"),
+            ));
+        }
+        let dp = ranks / tp;
+        if p.sharding != Sharding::None && dp < 2 {
+            return Err(ConfigError::new(
+                "sharding",
+                format!(
+                    "needs 2 or more data-parallel replicas; {ranks} ranks at TP {tp} make {dp}"
+                ),
+            ));
+        }
+        let group = p.shard_group_size as usize;
+        if group != 0 && !dp.is_multiple_of(group) {
+            return Err(ConfigError::new(
+                "shard_group_size",
+                format!("{group} does not divide the {dp} data-parallel replicas"),
+            ));
+        }
+        Ok(Self {
             tp,
-            dp: (ranks / tp).max(1),
-            shard_group: p.shard_group_size as usize,
+            dp,
+            shard_group: group,
             sharding: p.sharding,
             sequence_parallel: p.sequence_parallel,
             recompute: run.training.recompute,
             micro_batch: run.training.micro_batch_size,
-        }
+        })
     }
 
     /// Ranks that hold the parts of one sharded parameter.
@@ -507,7 +530,7 @@ mod tests {
     }
 
     fn at(run: &RunConfig, ranks: usize, change: impl FnOnce(&mut Layout)) -> RankMemory {
-        let mut layout = Layout::of(run, ranks);
+        let mut layout = Layout::of(run, ranks).unwrap();
         change(&mut layout);
         predict(run, &layout, Kernels::Composite).unwrap()
     }
@@ -564,7 +587,7 @@ mod tests {
     #[test]
     fn the_largest_micro_batch_is_the_last_that_fits() {
         let run = run(&[]);
-        let layout = Layout::of(&run, 2);
+        let layout = Layout::of(&run, 2).unwrap();
         let peak = |b: u64| {
             let l = Layout {
                 micro_batch: b,
