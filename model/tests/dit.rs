@@ -23,7 +23,7 @@ fn config() -> DitConfig {
 
 #[test]
 fn output_matches_input_shape_and_starts_at_zero() {
-    let dit = Dit::new_parallel(&config(), Device::Cpu, TpContext::single()).unwrap();
+    let dit = Dit::new_parallel(&config(), Device::Cpu, Kind::Float, TpContext::single()).unwrap();
     let x = Tensor::randn([2, 4, 6, 10], (Kind::Float, Device::Cpu));
     let t = Tensor::from_slice(&[0.1f32, 0.9]);
     let y = Tensor::randn([2, 6], (Kind::Float, Device::Cpu));
@@ -69,7 +69,7 @@ fn the_generic_forward_is_the_transformer_on_the_pooled_vector() {
     let batch = DiffusionBatch::random(&spec.inputs(), 2, 6, 10, 0, Device::Cpu);
     assert!(batch.text.is_none() && batch.guidance.is_none());
     let out = tch::no_grad(|| model.forward(&batch, false)).unwrap();
-    let dit = Dit::new_parallel(&config(), Device::Cpu, TpContext::single()).unwrap();
+    let dit = Dit::new_parallel(&config(), Device::Cpu, Kind::Float, TpContext::single()).unwrap();
     let mut dit = dit;
     dit.store
         .load_logical(&model.store().gather_logical(false).into_iter().collect())

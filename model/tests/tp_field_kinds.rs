@@ -71,8 +71,10 @@ fn run(
     weights: &HashMap<String, Tensor>,
 ) -> (Tensor, Vec<(String, Tensor)>, CollectiveCounts) {
     let specs = Tagger::param_specs("", &DIMS, tp.size() as i64);
-    let (mut store, block) =
-        ShardedStore::build(Device::Cpu, tp, specs, |p, tp| Tagger::new(p, &DIMS, tp)).unwrap();
+    let (mut store, block) = ShardedStore::build(Device::Cpu, Kind::Float, tp, specs, |p, tp| {
+        Tagger::new(p, &DIMS, tp)
+    })
+    .unwrap();
     store.load_logical(weights).unwrap();
     let ids = Tensor::from_slice(&[0i64, 9, 4, 5, 5, 2, 7, 1]).view([2, 4]);
     let y = block.forward(&ids);
@@ -89,11 +91,14 @@ fn run(
 fn two_ranks_match_one_with_every_field_kind() {
     tch::manual_seed(7);
     let specs = Tagger::param_specs("", &DIMS, 1);
-    let (store, _) =
-        ShardedStore::build(Device::Cpu, TpContext::single(), specs.clone(), |p, tp| {
-            Tagger::new(p, &DIMS, tp)
-        })
-        .unwrap();
+    let (store, _) = ShardedStore::build(
+        Device::Cpu,
+        Kind::Float,
+        TpContext::single(),
+        specs.clone(),
+        |p, tp| Tagger::new(p, &DIMS, tp),
+    )
+    .unwrap();
     let weights: HashMap<String, Tensor> = store.gather_logical(false).into_iter().collect();
     let (y1, grads1, _) = run(TpContext::single(), &weights);
 

@@ -133,10 +133,11 @@ pub fn build_model(
 ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
     let t = &run.training;
     tch::manual_seed(t.seed as i64);
-    let mut model = run.model.build(device, tp)?;
-    if t.precision == Precision::Bf16 {
-        model.store_mut().vs.bfloat16();
-    }
+    let kind = match t.precision {
+        Precision::Fp32 => Kind::Float,
+        Precision::Bf16 => Kind::BFloat16,
+    };
+    let model = run.model.build_as(device, kind, tp)?;
     model.set_recompute(t.recompute);
     Ok(model)
 }

@@ -2,7 +2,7 @@
 //! and `RootBlock`, what a root block adds to a [`Block`] so that `Built<T>` is a
 //! [`DiffusionModel`].
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, ModelConfig};
 use crate::tp::{Linear, ShardedStore, TpContext};
@@ -37,12 +37,18 @@ pub struct Built<T> {
 }
 
 impl<T: Block> Built<T> {
-    /// This rank's shards of the group `tp` on `device` (f32), initialised from libtorch's global
-    /// generator. Fails, before allocating, when `tp` does not divide a split dimension.
-    pub fn build(config: &T::Config, device: Device, tp: TpContext) -> Result<Self, ConfigError> {
+    /// This rank's shards of the group `tp` on `device` in `kind`, initialised in f32 from
+    /// libtorch's global generator. Fails, before allocating, when `tp` does not divide a split
+    /// dimension.
+    pub fn build(
+        config: &T::Config,
+        device: Device,
+        kind: Kind,
+        tp: TpContext,
+    ) -> Result<Self, ConfigError> {
         let specs = T::param_specs("", config, tp.size() as i64);
         let (store, transformer) =
-            ShardedStore::build(device, tp, specs, |root, tp| T::new(root, config, tp))?;
+            ShardedStore::build(device, kind, tp, specs, |root, tp| T::new(root, config, tp))?;
         Ok(Self { store, transformer })
     }
 
@@ -52,6 +58,7 @@ impl<T: Block> Built<T> {
     pub fn new_parallel(
         config: &T::Config,
         device: Device,
+        kind: Kind,
         tp: TpContext,
     ) -> Result<Self, ConfigError>
     where
@@ -59,7 +66,7 @@ impl<T: Block> Built<T> {
     {
         config.validate()?;
         config.check_tp_size(tp.size())?;
-        Self::build(config, device, tp)
+        Self::build(config, device, kind, tp)
     }
 
     /// Number of parameters held on this rank: all, or only those that require gradients.

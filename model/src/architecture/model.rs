@@ -132,12 +132,22 @@ pub trait ModelConfig:
     fn summary(&self) -> Vec<(&'static str, String)>;
 
     /// Validate and build this rank's shards of the model for the tensor-parallel group `tp`, on
-    /// `device` in f32, initialised from libtorch's global generator (the same weights for every
-    /// group size).
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+    /// `device` in `kind`, initialised in f32 from libtorch's global generator (the same weights
+    /// for every group size) and rounded to `kind` weight by weight.
+    fn build_as(
+        &self,
+        device: Device,
+        kind: Kind,
+        tp: TpContext,
+    ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
         Ok(Box::new(Built::<Self::Root>::new_parallel(
-            self, device, tp,
+            self, device, kind, tp,
         )?))
+    }
+
+    /// As [`ModelConfig::build_as`] in f32.
+    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        self.build_as(device, Kind::Float, tp)
     }
 }
 

@@ -6,7 +6,7 @@ use std::fmt::{self, Debug};
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use tch::Device;
+use tch::{Device, Kind};
 
 use crate::activations::Activations;
 use crate::architecture::{forward_flops, DiffusionModel, InputSpec, ModelConfig};
@@ -96,7 +96,12 @@ trait AnyConfig: Debug + Send + Sync {
     fn external_source(&self, native: &str, layout: Layout) -> Option<Source>;
     fn diffusers_config(&self) -> Result<serde_json::Value, String>;
     fn summary(&self) -> Vec<(&'static str, String)>;
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError>;
+    fn build_as(
+        &self,
+        device: Device,
+        kind: Kind,
+        tp: TpContext,
+    ) -> Result<Box<dyn DiffusionModel>, ConfigError>;
     fn to_table(&self) -> toml::Table;
     fn clone_box(&self) -> Box<dyn AnyConfig>;
     fn as_any(&self) -> &dyn Any;
@@ -146,8 +151,13 @@ impl<C: ModelConfig> AnyConfig for C {
     fn summary(&self) -> Vec<(&'static str, String)> {
         ModelConfig::summary(self)
     }
-    fn build(&self, device: Device, tp: TpContext) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        ModelConfig::build(self, device, tp)
+    fn build_as(
+        &self,
+        device: Device,
+        kind: Kind,
+        tp: TpContext,
+    ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        ModelConfig::build_as(self, device, kind, tp)
     }
     fn to_table(&self) -> toml::Table {
         toml::Table::try_from(self).expect("configs serialise to tables")
@@ -299,7 +309,17 @@ impl ModelSpec {
         device: Device,
         tp: TpContext,
     ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
-        self.0.build(device, tp)
+        self.build_as(device, Kind::Float, tp)
+    }
+
+    /// As [`ModelSpec::build`], the weights in `kind` (initialised in f32, rounded one by one).
+    pub fn build_as(
+        &self,
+        device: Device,
+        kind: Kind,
+        tp: TpContext,
+    ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+        self.0.build_as(device, kind, tp)
     }
 
     /// The `[model]` table, `architecture` first.

@@ -3,7 +3,7 @@
 use std::cell::Cell;
 
 use flux_macros::diffusion_block;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{check_sequence_split, Built};
 use crate::blocks::{DoubleBlock, SingleBlock};
@@ -134,7 +134,7 @@ pub type Flux = Built<FluxTransformer>;
 impl Built<FluxTransformer> {
     /// Validate `config` and allocate a freshly initialised single-rank model on `device` (f32).
     pub fn new(config: &FluxConfig, device: Device) -> Result<Self, ConfigError> {
-        Self::new_parallel(config, device, TpContext::single())
+        Self::new_parallel(config, device, Kind::Float, TpContext::single())
     }
 
     /// The model's configuration.

@@ -164,8 +164,10 @@ impl Adapters {
         }
         let training = Rc::new(Cell::new(false));
         let store = model.store();
+        // Adapters train in f32 whatever the base weights' dtype.
         let (store, ()) = ShardedStore::build(
             store.vs.device(),
+            Kind::Float,
             store.tp().clone(),
             specs.clone(),
             |root, tp| {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use tch::nn::{Path, VarStore};
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::tp::{GradSync, ParamSpec, TpContext};
 use crate::ConfigError;
@@ -38,10 +38,13 @@ pub struct ShardedStore {
 
 impl ShardedStore {
     /// Build a model's modules with `build` (its generated `new`) on `device` for the group `tp`,
-    /// recording `specs` (its generated `param_specs` for `tp`'s size). Fails, before allocating,
-    /// when the group size does not divide a split dimension (naming the parameter and sizes).
+    /// recording `specs` (its generated `param_specs` for `tp`'s size), every variable in `kind`:
+    /// each weight is initialised in f32 and rounded as it is created, so the model is never
+    /// whole in f32 when `kind` is narrower. Fails, before allocating, when the group size does
+    /// not divide a split dimension (naming the parameter and sizes).
     pub fn build<M>(
         device: Device,
+        kind: Kind,
         tp: TpContext,
         specs: Vec<ParamSpec>,
         build: impl FnOnce(&Path, &TpContext) -> M,
@@ -49,7 +52,8 @@ impl ShardedStore {
         for spec in &specs {
             spec.check_divisible()?;
         }
-        let vs = VarStore::new(device);
+        let mut vs = VarStore::new(device);
+        vs.set_kind(kind);
         let modules = build(&vs.root(), &tp);
         Ok((Self { vs, specs, tp }, modules))
     }
