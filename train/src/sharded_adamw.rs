@@ -127,7 +127,8 @@ impl<'a> ShardedAdamW<'a> {
             &splits,
         );
         let device = params.first().map_or(Device::Cpu, Tensor::device);
-        let state = || Tensor::zeros([layout.owned as i64], (Kind::Float, device));
+        let owned = layout.owned as i64;
+        let state = move || Tensor::zeros([owned], (Kind::Float, device));
         let tp = store.tp().size() as f64;
         let masters = (full || params.iter().any(|p| p.kind() != Kind::Float)).then(state);
         let residency = full.then(|| {
@@ -139,16 +140,6 @@ impl<'a> ShardedAdamW<'a> {
                 masters,
                 groups.shard,
             ))
-        });
-        let grads = shard_grads.then(|| {
-            GradShard::new(
-                &params,
-                early,
-                &layout,
-                groups.shard,
-                residency.clone(),
-                device,
-            )
         });
         // SAFETY: the Rc keeps the value alive and in place; the guard, dropped first, goes
         // before the optimizer's last Rc.
@@ -169,11 +160,13 @@ impl<'a> ShardedAdamW<'a> {
                 })
                 .collect(),
             spec_of,
-            grads,
+            // Made once the layers' weights are given back, below.
+            grads: None,
             has_grad: vec![true; params.len()],
             masters,
-            exp_avg: state(),
-            exp_avg_sq: state(),
+            // Allocated once the layers' weights are given back, below.
+            exp_avg: Tensor::new(),
+            exp_avg_sq: Tensor::new(),
             params,
             layout,
             config: config.clone(),
@@ -189,6 +182,21 @@ impl<'a> ShardedAdamW<'a> {
         if let Some(residency) = &sharded.residency {
             residency.release_layers(layers);
         }
+        // The moments and the gradient share come after the release, so a rank never holds whole
+        // layers beside more than their masters.
+        let mut sharded = sharded;
+        sharded.exp_avg = state();
+        sharded.exp_avg_sq = state();
+        sharded.grads = shard_grads.then(|| {
+            GradShard::new(
+                &sharded.params,
+                early,
+                &sharded.layout,
+                groups.shard,
+                sharded.residency.clone(),
+                device,
+            )
+        });
         sharded
     }
 
