@@ -100,8 +100,9 @@ impl Layout {
 /// A moment of training where a rank's memory may peak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Building the model: every rank creates its tensor-parallel shard of every weight in f32
-    /// before casting, and before full sharding gives the layers back.
+    /// Building the model and the optimizer: every weight of the rank's tensor-parallel shard
+    /// is created whole in the training dtype (each initialised whole in f32 first), and under
+    /// full sharding the f32 masters are taken from them before the layers are given back.
     Build,
     /// While backward runs through the layers.
     Backward,
@@ -414,6 +415,10 @@ pub fn predict(
     };
 
     let state = weights + kept_grads + optimizer + ema;
+    // Building: the rank's whole shard in the training dtype, and either the largest weight
+    // being initialised (whole, in f32) or, under full sharding, the masters taken from it all.
+    let largest_whole = ordered.iter().map(|s| s.numel()).max().unwrap_or(0);
+    let build = params * elt + (4 * largest_whole).max(if full { 4 * owned } else { 0 });
     let during = |phase, activations, transient| PhasePeak {
         phase,
         activations,
@@ -429,8 +434,8 @@ pub fn predict(
             PhasePeak {
                 phase: Phase::Build,
                 activations: 0,
-                transient: 4 * params,
-                total: 4 * params,
+                transient: build,
+                total: build,
             },
             during(Phase::Backward, backward.0, backward.1),
             during(Phase::GradientReduction, 0, reduction),
