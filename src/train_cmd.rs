@@ -9,13 +9,16 @@ use clap::Args;
 use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
 use flux_data::checkpoint::{CheckpointLayout, CheckpointWriter};
 use flux_data::files;
+use flux_model::activations::Kernels;
 use flux_model::tp::Collective;
+use flux_train::memory_plan::{predict, Layout};
 use flux_train::metrics::{plot_loss_curve, StepRecord};
 use flux_train::{
     starting_checkpoint, Cadence, CheckpointFormat, RunConfig, RunLog, SampleGrid, StartPolicy,
     StepError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tch::Device;
 
 use crate::{ConfigArgs, DeviceArgs};
 
@@ -34,6 +37,24 @@ pub struct TrainArgs {
     /// run's checkpoints, deleting them first (without it such a start is refused).
     #[arg(long)]
     force: bool,
+}
+
+/// Log what `flux-hpc plan` predicts for this run's layout: each rank's tensors at their peak.
+fn log_planned_memory(run: &RunConfig, ranks: usize, device: Device) {
+    let kernels = match device {
+        Device::Cpu => Kernels::Composite,
+        _ => Kernels::Fused,
+    };
+    let planned = Layout::of(run, ranks).and_then(|layout| predict(run, &layout, kernels));
+    match planned {
+        Ok(memory) => tracing::info!(
+            state_mib = (memory.state() >> 20),
+            phase = memory.peak_phase().phase.name(),
+            "planned peak of each rank's tensors: {} MiB (flux-hpc plan)",
+            memory.peak() >> 20
+        ),
+        Err(e) => tracing::debug!("no memory plan: {e}"),
+    }
 }
 
 /// Train, resuming from `[checkpoint] dir`'s `latest` when there is one; writes checkpoints,
@@ -85,6 +106,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             t.total_steps,
             t.global_batch_size
         );
+        log_planned_memory(&run, world.world.size(), device);
     }
 
     // Before the first step, so that a bad [sampling] table stops the run at once.
