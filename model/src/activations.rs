@@ -145,6 +145,61 @@ pub fn modulated_stream(rows: Rows, d: f64, heads: f64, split: f64) -> Vec<Saved
     ]
 }
 
+/// An MMDiT joint layer (FLUX.1's and FLUX.2's double blocks) named `name`: for the image and the
+/// text stream, a modulated stream whose attention saves the fused projection `3d`, the rotated
+/// queries and keys `2d`, the joined values and the output `2d` and the output gathered for its
+/// projection `d`, with query-key norms; `mlp` elements per row in the MLP branch (all ranks
+/// together); and `extra` (a modulation of its own).
+pub fn joint_layer(
+    name: String,
+    d: f64,
+    heads: f64,
+    mlp: f64,
+    extra: Vec<Saved>,
+) -> LayerActivations {
+    let mut saved = extra;
+    for rows in [Rows::Image, Rows::Text] {
+        saved.extend(modulated_stream(rows, d, heads, 8.0 * d + mlp));
+        saved.extend(qk_norms(rows, d, heads));
+    }
+    LayerActivations {
+        name,
+        saved,
+        inputs: vec![
+            Saved::new(Rows::Image, d, Width::Whole),
+            Saved::new(Rows::Text, d, Width::Whole),
+        ],
+    }
+}
+
+/// A single-stream layer over all tokens with parallel attention and MLP (FLUX.1's and FLUX.2's
+/// single blocks) named `name`: the norm's input and output and the gated output, the modulated
+/// input of the fused projection, `inner` elements per row between the fused projections (all
+/// ranks together), the norm's statistics, attention's log-sum-exp and query-key norms; and
+/// `extra`.
+pub fn single_stream_layer(
+    name: String,
+    d: f64,
+    heads: f64,
+    inner: f64,
+    extra: Vec<Saved>,
+) -> LayerActivations {
+    let mut saved = extra;
+    saved.extend([
+        Saved::new(Rows::Tokens, 3.0 * d, Width::Whole),
+        Saved::new(Rows::Tokens, d, Width::Gathered),
+        Saved::new(Rows::Tokens, inner, Width::Split),
+        Saved::f32(Rows::Tokens, 2.0, Width::Whole),
+        Saved::f32(Rows::Tokens, heads, Width::Split),
+    ]);
+    saved.extend(qk_norms(Rows::Tokens, d, heads));
+    LayerActivations {
+        name,
+        saved,
+        inputs: vec![Saved::new(Rows::Tokens, d, Width::Whole)],
+    }
+}
+
 /// What query-key RMS norms over `d` elements per row (queries and keys together `2d`, `heads`
 /// heads each) save besides their input: the inverse root mean square per head, and where
 /// libtorch composes the norm from elementwise kernels (its CPU kernels), the normalised values

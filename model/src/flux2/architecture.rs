@@ -4,7 +4,7 @@
 use tch::Tensor;
 
 use crate::activations::{
-    diffusion_io, modulated_stream, qk_norms, Activations, LayerActivations, Saved, Width,
+    diffusion_io, joint_layer, single_stream_layer, Activations, Saved, Width,
 };
 use crate::architecture::{
     check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
@@ -91,37 +91,20 @@ impl ModelConfig for Flux2Config {
         let d = self.hidden_size() as f64;
         let m = self.mlp_hidden() as f64;
         let heads = self.num_attention_heads as f64;
-        let mut layers = Vec::new();
-        for i in 0..self.num_layers {
-            let mut saved = Vec::new();
-            for rows in [Rows::Image, Rows::Text] {
-                saved.extend(modulated_stream(rows, d, heads, 8.0 * d + 4.0 * m));
-                saved.extend(qk_norms(rows, d, heads));
-            }
-            layers.push(LayerActivations {
-                name: Flux2Transformer::layer_name(false, i),
-                saved,
-                inputs: vec![
-                    Saved::new(Rows::Image, d, Width::Whole),
-                    Saved::new(Rows::Text, d, Width::Whole),
-                ],
-            });
-        }
-        for j in 0..self.num_single_layers {
-            let mut saved = vec![
-                Saved::new(Rows::Tokens, 3.0 * d, Width::Whole),
-                Saved::new(Rows::Tokens, d, Width::Gathered),
-                Saved::new(Rows::Tokens, 7.0 * d + 4.0 * m, Width::Split),
-                Saved::f32(Rows::Tokens, 2.0, Width::Whole),
-                Saved::f32(Rows::Tokens, heads, Width::Split),
-            ];
-            saved.extend(qk_norms(Rows::Tokens, d, heads));
-            layers.push(LayerActivations {
-                name: Flux2Transformer::layer_name(true, j),
-                saved,
-                inputs: vec![Saved::new(Rows::Tokens, d, Width::Whole)],
-            });
-        }
+        let joint = (0..self.num_layers).map(|i| {
+            joint_layer(
+                Flux2Transformer::layer_name(false, i),
+                d,
+                heads,
+                4.0 * m,
+                Vec::new(),
+            )
+        });
+        let single = (0..self.num_single_layers).map(|j| {
+            let name = Flux2Transformer::layer_name(true, j);
+            single_stream_layer(name, d, heads, 7.0 * d + 4.0 * m, Vec::new())
+        });
+        let layers = joint.chain(single).collect();
         let embedders = if self.guidance_embeds { 2.0 } else { 1.0 };
         let mut outside = diffusion_io(
             d,
