@@ -10,6 +10,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use flux_cluster::slurm::{self, render, JobSpec};
 use flux_data::checkpoint;
+use flux_model::activations::Kernels;
+use flux_train::memory_plan::{predict, Layout};
 use flux_train::RunConfig;
 use serde::{Deserialize, Serialize};
 
@@ -99,9 +101,43 @@ fn dir_override(dir: &Path) -> String {
     format!("checkpoint.dir={text}")
 }
 
+/// Refuse, before the job waits in the queue, a run whose layout its ranks cannot take (a TP size
+/// that does not divide them, sharding with one replica), and report the planned peak of each
+/// rank's tensors (`flux-hpc plan`). `what` names the run (a sweep task).
+fn check_layout(run: &RunConfig, what: &str) -> Result<()> {
+    let ranks = (run.slurm.nodes * run.slurm.ntasks_per_node) as usize;
+    let layout = Layout::of(run, ranks).map_err(|e| {
+        anyhow!(
+            "{what}: the job's {ranks} ranks (slurm.nodes × slurm.ntasks_per_node) cannot run \
+             it: parallelism.{e}"
+        )
+    })?;
+    let kernels = match run.slurm.gpus_per_node {
+        0 => Kernels::Composite,
+        _ => Kernels::Fused,
+    };
+    if let Ok(memory) = predict(run, &layout, kernels) {
+        eprintln!(
+            "{what}: planned peak of each rank's tensors {:.2} GiB, during the {} (flux-hpc plan)",
+            memory.peak() as f64 / (1u64 << 30) as f64,
+            memory.peak_phase().phase.name()
+        );
+    }
+    Ok(())
+}
+
 /// Render, write and submit the run's batch script.
 pub fn sbatch(args: SbatchArgs) -> Result<()> {
     let (run, run_dir) = load(&args.config)?;
+    if run.slurm.sweep.is_empty() {
+        check_layout(&run, "the run")?;
+    }
+    for (i, task) in run.slurm.sweep.iter().enumerate() {
+        let mut overrides = args.config.overrides.clone();
+        overrides.extend(task.iter().cloned());
+        let task_run = RunConfig::load(&args.config.config, &overrides)?;
+        check_layout(&task_run, &format!("sweep task {i}"))?;
+    }
     let config = absolute(&args.config.config)?;
     let workdir = std::env::current_dir()?;
     let binary = match &run.slurm.binary {

@@ -162,6 +162,32 @@ fn a_newline_in_a_value_is_refused_naming_the_field() {
 }
 
 #[test]
+fn a_layout_the_jobs_ranks_cannot_take_is_refused_before_submitting() {
+    // One node of 8 GPUs at TP 8 leaves one replica for the distributed optimizer.
+    let out = flux_hpc(&[
+        "sbatch",
+        "configs/flux_12b.toml",
+        "--dry-run",
+        "--set",
+        "slurm.nodes=1",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the job's 8 ranks (slurm.nodes × slurm.ntasks_per_node) cannot run it: parallelism.sharding"),
+        "{stderr}"
+    );
+    // Its 16 nodes can; the plan's peak is reported beside the script.
+    let out = flux_hpc(&["sbatch", "configs/flux_12b.toml", "--dry-run"]);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("planned peak of each rank's tensors 30.80 GiB"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_missing_slurm_command_is_a_clear_error() {
     let dir = temp_dir("no-sbatch");
     let set = dir_set(&dir);
