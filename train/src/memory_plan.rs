@@ -20,13 +20,14 @@
 //! own workspaces (cuBLAS, oneDNN), the CUDA context, NCCL's buffers and allocator fragmentation
 //! are not tensors and are left to the headroom.
 
-use flux_model::activations::{bytes_of, ActivationShape, Kernels};
+use flux_model::activations::{bytes_of, ActivationShape, Kernels, Saved};
+use flux_model::tp::{GradSync, ParamSpec};
 use flux_model::ConfigError;
 
 use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
 use crate::run_config::{RunConfig, Sharding};
 use crate::sections::Precision;
-use crate::shard_layout::ShardLayout;
+use crate::shard_layout::{Bucket, ShardLayout};
 use crate::sharded_params::layer_of;
 
 /// One way to lay a run out over the ranks.
@@ -174,6 +175,223 @@ impl RankMemory {
     }
 }
 
+/// The trained parameters of one rank as the optimizer lays them out: in spec order, with the
+/// gradients the tensor-parallel group sums last, cut into the same buckets and shares.
+struct Trained {
+    /// Each parameter's spec, in the optimizer's order.
+    specs: Vec<ParamSpec>,
+    /// Each parameter's local elements.
+    numels: Vec<usize>,
+    /// The layer each parameter belongs to (an index into the model's layers), if any.
+    layer: Vec<Option<usize>>,
+    /// The first parameter in a layer: those before it are the embedders'.
+    first_in_layer: usize,
+    /// The buckets and this rank's shares of them (rank 0, which owns the most).
+    buckets: ShardLayout,
+}
+
+impl Trained {
+    fn new(run: &RunConfig, layout: &Layout, layer_names: &[&str]) -> Self {
+        let shard_grads = matches!(layout.sharding, Sharding::Gradients | Sharding::Full);
+        let late =
+            |s: &ParamSpec| shard_grads && layout.tp > 1 && s.grad_sync == GradSync::SumOverGroup;
+        let (mut specs, late): (Vec<ParamSpec>, Vec<ParamSpec>) = run
+            .model
+            .param_specs(layout.tp as i64)
+            .into_iter()
+            .partition(|s| !late(s));
+        let early = specs.len();
+        specs.extend(late);
+        let numels: Vec<usize> = specs
+            .iter()
+            .map(|s| s.local_shape().iter().product::<i64>() as usize)
+            .collect();
+        let layer: Vec<Option<usize>> = specs
+            .iter()
+            .map(|s| layer_of(&s.name).and_then(|l| layer_names.iter().position(|&n| n == l)))
+            .collect();
+        let first_in_layer = layer.iter().position(Option::is_some).unwrap_or(0);
+        // Under full sharding each layer's weights sit in buckets of their own.
+        let mut splits = vec![early];
+        if layout.sharding == Sharding::Full {
+            splits.extend(
+                (1..specs.len())
+                    .filter(|&i| layer_of(&specs[i].name) != layer_of(&specs[i - 1].name)),
+            );
+        }
+        let cap = run.parallelism.bucket_elements();
+        let buckets = ShardLayout::new(numels.clone(), cap, layout.shards(), 0, &splits);
+        Self {
+            specs,
+            numels,
+            layer,
+            first_in_layer,
+            buckets,
+        }
+    }
+
+    /// Elements of the parameters `p` selects.
+    fn sum(&self, mut p: impl FnMut(usize) -> bool) -> u64 {
+        (0..self.numels.len())
+            .filter(|&i| p(i))
+            .map(|i| self.numels[i] as u64)
+            .sum()
+    }
+
+    /// Elements of bucket `b`.
+    fn bucket(&self, b: &Bucket) -> u64 {
+        b.params.clone().map(|p| self.numels[p] as u64).sum()
+    }
+
+    /// When backward produces parameter `p`'s gradient, of `n` layers: the parameters after
+    /// the layers (the output layer) first, layer `i` at `n - i`, those before the layers (the
+    /// embedders) last.
+    fn produced_at(&self, p: usize, n: usize) -> usize {
+        match self.layer[p] {
+            Some(i) => n - i,
+            None if p < self.first_in_layer => n + 1,
+            None => 0,
+        }
+    }
+
+    /// Elements of the largest chunk replicated AdamW copies to f32 at once (decaying matrices
+    /// and the rest are chunked apart).
+    fn largest_adamw_chunk(&self) -> u64 {
+        [true, false]
+            .into_iter()
+            .flat_map(|decays| {
+                let group: Vec<usize> = (0..self.specs.len())
+                    .filter(|&i| (self.specs[i].shape.len() >= 2) == decays)
+                    .map(|i| self.numels[i])
+                    .collect();
+                chunk_ranges(&group, STEP_CHUNK_ELEMENTS)
+                    .into_iter()
+                    .map(move |r| group[r].iter().sum::<usize>() as u64)
+                    .collect::<Vec<_>>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Bytes one micro-batch's forward pass keeps for backward.
+struct MicroBatch {
+    /// Each layer's whole saved set.
+    saved: Vec<u64>,
+    /// What each layer keeps until backward reaches it: its saved set, or under recomputation
+    /// its inputs.
+    kept: Vec<u64>,
+    /// Everything outside the layers.
+    around: u64,
+}
+
+impl MicroBatch {
+    fn new(run: &RunConfig, layout: &Layout, kernels: Kernels, elt: u64) -> Self {
+        let t = &run.training;
+        let inputs = run.model.inputs();
+        let shape = ActivationShape {
+            batch: layout.micro_batch as i64,
+            img: inputs.image_tokens(t.latent_height, t.latent_width),
+            txt: inputs.text_tokens(t.text_len),
+            tp: layout.tp as i64,
+            sequence_parallel: layout.sequence_parallel,
+            elt: elt as i64,
+            kernels,
+        };
+        let activations = run.model.activations();
+        let bytes = |saved: &[Saved]| bytes_of(saved, &shape) as u64;
+        let saved: Vec<u64> = activations.layers.iter().map(|l| bytes(&l.saved)).collect();
+        let kept = match layout.recompute {
+            true => activations
+                .layers
+                .iter()
+                .map(|l| bytes(&l.inputs))
+                .collect(),
+            false => saved.clone(),
+        };
+        Self {
+            saved,
+            kept,
+            around: bytes(&activations.outside),
+        }
+    }
+}
+
+/// The top of backward as `(activations, transient)`, walking the layers from the last: entering
+/// layer `i`, the kept activations of the layers before it and its whole saved set; leaving it,
+/// its gradients all produced and a bucket it completes flattened (`flat` bytes per element) with
+/// its summed share. Sharded gradients keep only buckets not yet complete, and their f32 `share`
+/// lives throughout; full sharding holds the running layer's weights.
+fn backward_peak(
+    trained: &Trained,
+    acts: &MicroBatch,
+    sharding: Sharding,
+    elt: u64,
+    share: u64,
+) -> (u64, u64) {
+    let shard_grads = matches!(sharding, Sharding::Gradients | Sharding::Full);
+    let n = acts.saved.len();
+    let flat = if elt == 4 { 4 } else { 8 };
+    let buckets = &trained.buckets.buckets;
+    let at: Vec<usize> = (0..trained.numels.len())
+        .map(|p| trained.produced_at(p, n))
+        .collect();
+    let done: Vec<usize> = buckets
+        .iter()
+        .map(|b| b.params.clone().map(|p| at[p]).max().unwrap_or(0))
+        .collect();
+    // Gradients alive at `step`: of buckets not complete before it, produced before it (or by
+    // it, `produced`).
+    let grads_at = |step: usize, produced: bool| -> u64 {
+        if !shard_grads {
+            return 0;
+        }
+        let alive = |p: usize| at[p] < step || (produced && at[p] == step);
+        let pending = buckets.iter().zip(&done).filter(|(_, &d)| d >= step);
+        pending
+            .flat_map(|(b, _)| b.params.clone())
+            .filter(|&p| alive(p))
+            .map(|p| trained.numels[p] as u64 * elt)
+            .sum()
+    };
+    let mut top = (0, 0);
+    for step in 0..=n + 1 {
+        let layer = (1..=n).contains(&step).then(|| n - step);
+        let before = acts.around
+            + match layer {
+                Some(i) => acts.kept[..i].iter().sum::<u64>(),
+                None if step == 0 => acts.kept.iter().sum(),
+                None => 0,
+            };
+        // The next layer's gathers land in host buffers until it runs.
+        let gathered = match (sharding, layer) {
+            (Sharding::Full, Some(i)) => trained.sum(|p| trained.layer[p] == Some(i)) * elt,
+            _ => 0,
+        };
+        let flattening = match shard_grads {
+            true => buckets
+                .iter()
+                .zip(&done)
+                .filter(|(_, &d)| d == step)
+                .map(|(b, _)| flat * trained.bucket(b) + 4 * b.share as u64)
+                .max()
+                .unwrap_or(0),
+            false => 0,
+        };
+        let entering = (
+            before + layer.map_or(0, |i| acts.saved[i]),
+            share + grads_at(step, false) + gathered,
+        );
+        let leaving = (before, share + grads_at(step, true) + flattening + gathered);
+        for (a, t) in [entering, leaving] {
+            if a + t > top.0 + top.1 {
+                top = (a, t);
+            }
+        }
+    }
+    top
+}
+
 /// Predict one rank's peak tensor memory for `run` laid out as `layout`, with `kernels` running
 /// (libtorch's CPU kernels save more than the fused CUDA ones). Fails naming the field where the
 /// plan cannot apply.
@@ -188,236 +406,84 @@ pub fn predict(
             "plan covers full training; runs with [lora] are not planned yet".to_string(),
         ));
     }
-    let model = &run.model;
-    let t = &run.training;
-    let elt = match t.precision {
+    let elt = match run.training.precision {
         Precision::Fp32 => 4u64,
         Precision::Bf16 => 2,
     };
-    let shard_grads = matches!(layout.sharding, Sharding::Gradients | Sharding::Full);
-    let full = layout.sharding == Sharding::Full;
-    let activations = model.activations();
+    let sharding = layout.sharding;
+    let shard_grads = matches!(sharding, Sharding::Gradients | Sharding::Full);
+    let full = sharding == Sharding::Full;
+    let activations = run.model.activations();
     let layer_names: Vec<&str> = activations.layers.iter().map(|l| l.name.as_str()).collect();
-
-    // Parameters in the optimizer's order: gradients the tensor-parallel group sums go last.
-    let specs = model.param_specs(layout.tp as i64);
-    let late = |s: &flux_model::tp::ParamSpec| {
-        shard_grads && layout.tp > 1 && s.grad_sync == flux_model::tp::GradSync::SumOverGroup
-    };
-    let ordered: Vec<_> = specs
-        .iter()
-        .filter(|s| !late(s))
-        .chain(specs.iter().filter(|s| late(s)))
-        .collect();
-    let numels: Vec<usize> = ordered
-        .iter()
-        .map(|s| s.local_shape().iter().product::<i64>() as usize)
-        .collect();
-    // The layer each parameter belongs to, by index into the layers.
-    let layer: Vec<Option<usize>> = ordered
-        .iter()
-        .map(|s| layer_of(&s.name).and_then(|l| layer_names.iter().position(|&n| n == l)))
-        .collect();
-    let early = ordered.iter().filter(|s| !late(s)).count();
-    let mut splits = vec![early];
-    if full {
-        splits.extend(
-            (1..ordered.len())
-                .filter(|&i| layer_of(&ordered[i].name) != layer_of(&ordered[i - 1].name)),
-        );
-    }
-    let cap = run.parallelism.bucket_elements();
-    let shards = layout.shards();
-    let buckets = ShardLayout::new(numels.clone(), cap, shards, 0, &splits);
-    let params: u64 = numels.iter().map(|&n| n as u64).sum();
-    let owned = buckets.owned as u64;
-    let outside: u64 = numels
-        .iter()
-        .zip(&layer)
-        .filter(|(_, l)| l.is_none())
-        .map(|(&n, _)| n as u64)
-        .sum();
-    let layer_params = |i: usize| -> u64 {
-        numels
-            .iter()
-            .zip(&layer)
-            .filter(|(_, l)| **l == Some(i))
-            .map(|(&n, _)| n as u64)
-            .sum()
-    };
+    let trained = Trained::new(run, layout, &layer_names);
+    let params = trained.sum(|_| true);
+    let owned = trained.buckets.owned as u64;
+    let shards = layout.shards() as u64;
 
     // State between steps.
-    let sharded = layout.sharding != Sharding::None;
-    let kept = if sharded { owned } else { params };
-    let weights = if full { outside * elt } else { params * elt };
-    let kept_grads = if shard_grads { 0 } else { params * elt };
+    let kept = if sharding == Sharding::None {
+        params
+    } else {
+        owned
+    };
+    let weights = match full {
+        true => trained.sum(|p| trained.layer[p].is_none()) * elt,
+        false => params * elt,
+    };
+    let gradients = if shard_grads { 0 } else { params * elt };
     let masters = if full || elt != 4 { 4 * kept } else { 0 };
     let optimizer = masters + 8 * kept;
-    let ema = if t.ema_decay > 0.0 { 4 * kept } else { 0 };
+    let ema = if run.training.ema_decay > 0.0 {
+        4 * kept
+    } else {
+        0
+    };
+    let state = weights + gradients + optimizer + ema;
     let share = if shard_grads { 4 * owned } else { 0 };
 
-    // Activations of one micro-batch.
-    let inputs = model.inputs();
-    let shape = ActivationShape {
-        batch: layout.micro_batch as i64,
-        img: inputs.image_tokens(t.latent_height, t.latent_width),
-        txt: inputs.text_tokens(t.text_len),
-        tp: layout.tp as i64,
-        sequence_parallel: layout.sequence_parallel,
-        elt: elt as i64,
-        kernels,
-    };
-    let saved: Vec<u64> = activations
-        .layers
-        .iter()
-        .map(|l| bytes_of(&l.saved, &shape) as u64)
-        .collect();
-    let kept_by_layer: Vec<u64> = if layout.recompute {
-        activations
-            .layers
-            .iter()
-            .map(|l| bytes_of(&l.inputs, &shape) as u64)
-            .collect()
-    } else {
-        saved.clone()
-    };
-    let around = bytes_of(&activations.outside, &shape) as u64;
+    let acts = MicroBatch::new(run, layout, kernels, elt);
+    let backward = backward_peak(&trained, &acts, sharding, elt, share);
 
-    // Backward: layer `i` (from the last), with layers before it still holding their
-    // activations; the parameters outside the layers after the last layer (the output layer)
-    // get their gradients first, those before the first (the embedders) last.
-    let n = saved.len();
-    let first_layer_param = layer.iter().position(Option::is_some).unwrap_or(0);
-    let time = |p: usize| -> usize {
-        match layer[p] {
-            Some(i) => n - i,
-            None if p < first_layer_param => n + 1,
-            None => 0,
-        }
-    };
-    let done: Vec<usize> = buckets
-        .buckets
-        .iter()
-        .map(|b| b.params.clone().map(time).max().unwrap_or(0))
-        .collect();
-    // Bytes per element a bucket takes while it is flattened for a collective: f32, after an f32
-    // copy of each bf16 gradient.
+    // Gradient reduction after backward: a bucket's gradients flattened (in f32, after f32
+    // copies of bf16 ones), and under optimizer sharding this rank's summed share.
     let flat = if elt == 4 { 4 } else { 8 };
-    let bucket_numel = |b: &crate::shard_layout::Bucket| -> u64 {
-        b.params.clone().map(|p| numels[p] as u64).sum()
-    };
-    // Gradients alive at `step`: those of buckets not complete before it, produced before it
-    // (or by it, `produced`).
-    let grads_at = |step: usize, produced: bool| -> u64 {
-        if !shard_grads {
-            return 0;
-        }
-        buckets
-            .buckets
-            .iter()
-            .zip(&done)
-            .filter(|(_, &d)| d >= step)
-            .flat_map(|(b, _)| b.params.clone())
-            .filter(|&p| time(p) < step || (produced && time(p) == step))
-            .map(|p| numels[p] as u64 * elt)
-            .sum()
-    };
-    let mut backward = (0u64, 0u64);
-    for step in 0..=n + 1 {
-        let layer_now = (1..=n).contains(&step).then(|| n - step);
-        // Activations of the layers backward has not reached yet.
-        let before: u64 = around
-            + match layer_now {
-                Some(i) => kept_by_layer[..i].iter().sum::<u64>(),
-                None if step == 0 => kept_by_layer.iter().sum(),
-                None => 0,
-            };
-        // The next layer's gathers land in host buffers until it runs.
-        let gathered = match (full, layer_now) {
-            (true, Some(i)) => layer_params(i) * elt,
-            _ => 0,
-        };
-        // Entering the layer: its whole saved set (recomputed, or kept) is alive.
-        let entering = (
-            before + layer_now.map_or(0, |i| saved[i]),
-            share + grads_at(step, false) + gathered,
-        );
-        // Leaving it: its activations are spent, its gradients are all there, and a bucket it
-        // completes is flattened in f32 and its share summed before they go.
-        let flattening = if shard_grads {
-            buckets
-                .buckets
-                .iter()
-                .zip(&done)
-                .filter(|(_, &d)| d == step)
-                .map(|(b, _)| flat * bucket_numel(b) + 4 * b.share as u64)
-                .max()
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let leaving = (before, share + grads_at(step, true) + flattening + gathered);
-        for (acts, transient) in [entering, leaving] {
-            if acts + transient > backward.0 + backward.1 {
-                backward = (acts, transient);
-            }
-        }
-    }
-
-    // Gradient reduction after backward: a bucket's gradients flattened, and under optimizer
-    // sharding this rank's summed share.
-    let largest_bucket = buckets.buckets.iter().map(bucket_numel).max().unwrap_or(0);
-    let largest_param = numels.iter().copied().max().unwrap_or(0) as u64;
-    let reduction = match layout.sharding {
+    let buckets = &trained.buckets.buckets;
+    let largest_bucket = buckets.iter().map(|b| trained.bucket(b)).max().unwrap_or(0);
+    let reduction = match sharding {
         Sharding::None if layout.dp > 1 => flat * largest_bucket,
-        Sharding::Optimizer => flat * largest_bucket + 4 * largest_bucket / shards as u64,
+        Sharding::Optimizer => flat * largest_bucket + 4 * largest_bucket / shards,
         _ => 0,
     };
 
     // Optimizer step: bf16 gradients copied to f32 for the fused update, then each updated
     // bucket gathered (the bucket and this rank's share in f32, one parameter converted).
-    let updated = if full {
-        buckets
-            .buckets
+    let updated = match full {
+        true => buckets
             .iter()
-            .filter(|b| b.params.clone().all(|p| layer[p].is_none()))
-            .map(bucket_numel)
+            .filter(|b| b.params.clone().all(|p| trained.layer[p].is_none()))
+            .map(|b| trained.bucket(b))
             .max()
-            .unwrap_or(0)
-    } else {
-        largest_bucket
+            .unwrap_or(0),
+        false => largest_bucket,
     };
-    // Replicated AdamW copies bf16 gradients to f32 one chunk at a time (matrices decay, the
-    // rest do not; each group is chunked on its own).
-    let chunk = [true, false]
-        .into_iter()
-        .flat_map(|decays| {
-            let group: Vec<usize> = ordered
-                .iter()
-                .zip(&numels)
-                .filter(|(s, _)| (s.shape.len() >= 2) == decays)
-                .map(|(_, &n)| n)
-                .collect();
-            chunk_ranges(&group, STEP_CHUNK_ELEMENTS)
-                .into_iter()
-                .map(move |r| group[r].iter().sum::<usize>() as u64)
-                .collect::<Vec<_>>()
-        })
-        .max()
-        .unwrap_or(0);
-    let gather = 4 * updated + 4 * updated / shards as u64 + (2 + elt) * largest_param;
-    let step = match layout.sharding {
+    let largest_param = trained.numels.iter().copied().max().unwrap_or(0) as u64;
+    let gather = 4 * updated + 4 * updated / shards + (2 + elt) * largest_param;
+    let step = match sharding {
         Sharding::None if elt == 4 => 0,
-        Sharding::None => 4 * chunk,
+        Sharding::None => 4 * trained.largest_adamw_chunk(),
         Sharding::Optimizer if elt == 4 => gather,
         Sharding::Optimizer => gather.max(4 * owned),
         Sharding::Gradients | Sharding::Full => share + gather,
     };
 
-    let state = weights + kept_grads + optimizer + ema;
     // Building: the rank's whole shard in the training dtype, and either the largest weight
     // being initialised (whole, in f32) or, under full sharding, the masters taken from it all.
-    let largest_whole = ordered.iter().map(|s| s.numel()).max().unwrap_or(0);
+    let largest_whole = trained
+        .specs
+        .iter()
+        .map(ParamSpec::numel)
+        .max()
+        .unwrap_or(0);
     let build = params * elt + (4 * largest_whole).max(if full { 4 * owned } else { 0 });
     let during = |phase, activations, transient| PhasePeak {
         phase,
@@ -427,7 +493,7 @@ pub fn predict(
     };
     Ok(RankMemory {
         weights,
-        gradients: kept_grads,
+        gradients,
         optimizer,
         ema,
         phases: vec![
