@@ -48,10 +48,10 @@ fn log_planned_memory(run: &RunConfig, ranks: usize, device: Device) {
     let planned = Layout::of(run, ranks).and_then(|layout| predict(run, &layout, kernels));
     match planned {
         Ok(memory) => tracing::info!(
-            state_mib = (memory.state() >> 20),
+            state_mib = memory.state() >> 20,
             phase = memory.peak_phase().phase.name(),
-            "planned peak of each rank's tensors: {} MiB (flux-hpc plan)",
-            memory.peak() >> 20
+            "planned peak of each rank's tensors: {:.1} MiB (flux-hpc plan)",
+            memory.peak() as f64 / (1u64 << 20) as f64
         ),
         Err(e) => tracing::debug!("no memory plan: {e}"),
     }
@@ -342,6 +342,7 @@ fn step_record(
         tokens_per_s: 0.0,
         skipped: false,
         peak_memory_mib: trainer.peak_memory_mib(),
+        peak_tensor_mib: trainer.peak_tensor_mib(),
         grad_reduce_overlap_s: None,
         elapsed_s: start.elapsed().as_secs_f64(),
     }

@@ -72,9 +72,16 @@ fn training_on_two_ranks_lowers_the_held_out_loss_by_a_third() {
         "samples_per_s",
         "tokens_per_s",
         "peak_memory_mib",
+        "peak_tensor_mib",
     ] {
         assert!(r[key].is_number(), "metrics lack {key}: {r}");
     }
+    // The tensors are part of what is resident.
+    let tensors = r["peak_tensor_mib"].as_f64().unwrap();
+    assert!(
+        tensors > 0.0 && tensors < r["peak_memory_mib"].as_f64().unwrap(),
+        "{r}"
+    );
     let png = std::fs::read(dir.join("loss_curve.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(dir.join("final.safetensors").exists());

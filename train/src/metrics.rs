@@ -31,6 +31,10 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Peak resident memory of this process, MiB.
     pub peak_memory_mib: f64,
+    /// On the CPU: the most bytes this process's tensors held at once, MiB (what `flux-hpc plan`
+    /// predicts; [`flux_model::tensor_memory`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub peak_tensor_mib: Option<f64>,
     /// Under `[parallelism] overlap_grad_reduce` or `sharding = "gradients"`: seconds between
     /// the step's last backward handing its first gradient bucket to an all-reduce (or
     /// reduce-scatter) and that backward ending (how long communication ran beside compute).
@@ -59,6 +63,7 @@ impl StepRecord {
                 ("perf/tokens_per_s", self.tokens_per_s),
                 ("perf/peak_memory_mib", self.peak_memory_mib),
             ]);
+            out.extend(self.peak_tensor_mib.map(|m| ("perf/peak_tensor_mib", m)));
         }
         out
     }

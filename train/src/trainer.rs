@@ -9,6 +9,7 @@ use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
 use flux_model::residency::storage_present;
+use flux_model::tensor_memory;
 use flux_model::tp::{Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
@@ -173,6 +174,10 @@ impl<'a> Trainer<'a> {
                 "training.latent_height",
                 format!("latent sides must be multiples of patch_size {p}"),
             ));
+        }
+        // Count the tensors' bytes from the first weight on, where the device is the CPU.
+        if device == Device::Cpu {
+            tensor_memory::count_cpu_tensors();
         }
         let mut model = build_model(run, device, tp)?;
         let adapters = match &run.lora {
@@ -645,5 +650,11 @@ impl<'a> Trainer<'a> {
     /// Peak resident memory of this process, MiB.
     pub fn peak_memory_mib(&self) -> f64 {
         peak_rss_mib()
+    }
+
+    /// On the CPU, the most bytes tensors held at once since the model was built, MiB.
+    pub fn peak_tensor_mib(&self) -> Option<f64> {
+        (self.device == Device::Cpu)
+            .then(|| tensor_memory::cpu_tensor_bytes().peak as f64 / (1u64 << 20) as f64)
     }
 }
