@@ -123,7 +123,8 @@ enum Command {
     /// allocating; the CUDA context, NCCL and library workspaces are left to --headroom. On the
     /// CPU, `bench step` measures the same quantity as `peak_tensor_mib`.
     ///
-    /// Example: flux-hpc plan configs/flux_12b.toml --gpus 8 --gpu-memory 80GiB
+    /// Examples: flux-hpc plan configs/flux_12b.toml
+    ///           flux-hpc plan configs/flux2_dev.toml --gpus 8 --gpu-memory 141GiB
     Plan(plan_cmd::PlanArgs),
 }
 
