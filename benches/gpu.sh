@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # flux_535m at 1024×1024 (4096 image + 512 text tokens) in bf16 on one CUDA GPU: samples/s and
 # model FLOPs utilisation of a training step and of a forward pass, against the same GPU's
-# measured bf16 matmul rate; then the encoders on the GPU (T5 parity in f32 and bf16, `data
+# measured bf16 matmul rate, and the step's peak tensor memory against `flux-hpc plan`; then the encoders on the GPU (T5 parity in f32 and bf16, `data
 # encode` throughput against diffusers + transformers), and fully sharded training of two ranks
 # sharing the GPU against one process. Prints a table and three reports.
 #
@@ -38,6 +38,16 @@ for name, r in (("training step", step), ("forward", forward)):
 print(f"{'bf16 matmul':<14}{'':>10}{'':>11}{rate / 1e12:>9.1f}  (8192², the MFU denominator)")
 print(f"peak host RSS {step['peak_rss_mib']:.0f} MiB")
 PY
+# The memory plan against the caching allocator's peak of the same training step.
+"$BIN" plan configs/flux_535m.toml --gpus 1 --kernels cuda --json "${shape[@]}" |
+    python3 -c '
+import json, sys
+plan, step = json.load(sys.stdin), json.loads(sys.argv[1])
+predicted, measured = plan["memory"]["peak"] / 2**20, step["peak_tensor_mib"]
+phase = plan["memory"]["peak_phase"]
+print(f"tensors at the peak: planned {predicted:.0f} MiB ({phase}), measured {measured:.0f} MiB "
+      f"(max allocated), ratio {predicted / measured:.2f}")
+' "$step"
 
 # The encoders on the GPU, as `data encode` and `sample` run them there: T5 in f32 and in bf16
 # against transformers' outputs (tests/fixtures/make_text_fixtures.py), then `data encode`

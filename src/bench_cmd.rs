@@ -114,9 +114,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     let device = args.device.device.resolve(placement.local_rank)?;
     // What the process holds before any weight exists: libtorch, MPI, the binary.
     let baseline_rss = rss_mib();
-    // Tensors' own bytes, what `flux-hpc plan` predicts (counted on the CPU only).
-    let counted = device == Device::Cpu;
-    if counted {
+    // Tensors' own bytes, what `flux-hpc plan` predicts (CUDA's caching allocator counts its own).
+    if device == Device::Cpu {
         tensor_memory::count_cpu_tensors();
     }
     let t = &run.training;
@@ -225,7 +224,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "flops_per_s": per_step / m,
         "peak_rss_mib": peak_rss_mib(),
         "baseline_rss_mib": baseline_rss,
-        "peak_tensor_mib": counted.then(|| mib(tensor_memory::cpu_tensor_bytes().peak)),
+        "peak_tensor_mib": tensor_memory::tensor_bytes(device).ok().map(|b| mib(b.peak)),
     });
     println!("{out}");
     Ok(())

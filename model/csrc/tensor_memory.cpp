@@ -1,16 +1,21 @@
-// Counting the bytes of CPU tensors: a CPU allocator that takes libtorch's place and keeps the
-// live and peak totals of the memory it hands out, on every thread. This is the CPU analogue of
-// CUDA's `max_memory_allocated`: tensors only, none of the kernels' own workspaces or the
-// runtime's libraries, which the resident set size adds on top.
+// Counting the bytes of tensors. On the CPU: an allocator that takes libtorch's place and keeps
+// the live and peak totals of the memory it hands out, on every thread, the analogue of CUDA's
+// `max_memory_allocated` (tensors only, none of the kernels' own workspaces or the runtime's
+// libraries, which the resident set size adds on top). On accelerators: the caching allocator's
+// own statistics, read through c10's device-generic interface (no CUDA headers needed).
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace {
+
+thread_local std::string last_error;
 
 // Room kept before each block for its size; a multiple of libtorch's 64-byte alignment, so the
 // data stays aligned.
@@ -82,6 +87,28 @@ int64_t flux_cpu_tensor_bytes_peak() {
 // Start the peak again from the bytes alive now.
 void flux_cpu_tensor_bytes_reset_peak() {
   peak_bytes.store(live_bytes.load());
+}
+
+// Bytes the caching allocator of device `type` (c10::DeviceType), index `index`, has handed to
+// tensors now and at most since its peak was last reset. Returns 0, or 1 with
+// `flux_tensor_memory_last_error` set (no such allocator, e.g. CUDA on a CPU-only build).
+int32_t flux_device_tensor_bytes(int32_t type, int32_t index, int64_t* live, int64_t* peak) {
+  try {
+    auto* allocator = c10::getDeviceAllocator(static_cast<c10::DeviceType>(type));
+    const auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    const auto& bytes = stats.allocated_bytes[static_cast<size_t>(
+        c10::CachingAllocator::StatType::AGGREGATE)];
+    *live = bytes.current;
+    *peak = bytes.peak;
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+const char* flux_tensor_memory_last_error() {
+  return last_error.c_str();
 }
 
 }  // extern "C"

@@ -1,15 +1,25 @@
-//! How many bytes CPU tensors hold: live now, and at most since counting began. The CPU analogue
-//! of CUDA's `memory_allocated` / `max_memory_allocated`, which `flux-hpc plan` predicts and
-//! `flux-hpc bench step` measures. Counting covers tensors only; the resident set size adds
-//! libtorch's kernels' own workspaces, MPI's buffers and the loaded libraries
-//! (`csrc/tensor_memory.cpp`).
+//! How many bytes tensors hold on a device: live now, and at most since counting began. What
+//! `flux-hpc plan` predicts and `flux-hpc bench step` and training measure. On the CPU a counting
+//! allocator takes libtorch's place (the analogue of CUDA's `max_memory_allocated`; the resident
+//! set size adds libtorch's kernels' own workspaces, MPI's buffers and the loaded libraries); on
+//! CUDA the caching allocator's own statistics are read (`csrc/tensor_memory.cpp`).
+
+use std::ffi::CStr;
+use std::os::raw::c_char;
+
+use tch::Device;
 
 extern "C" {
     fn flux_count_cpu_tensor_memory();
     fn flux_cpu_tensor_bytes_live() -> i64;
     fn flux_cpu_tensor_bytes_peak() -> i64;
     fn flux_cpu_tensor_bytes_reset_peak();
+    fn flux_device_tensor_bytes(type_: i32, index: i32, live: *mut i64, peak: *mut i64) -> i32;
+    fn flux_tensor_memory_last_error() -> *const c_char;
 }
+
+/// c10's `DeviceType::CUDA`.
+const CUDA: i32 = 1;
 
 /// Bytes of counted CPU tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,4 +52,26 @@ pub fn cpu_tensor_bytes() -> TensorBytes {
 pub fn reset_peak() {
     // SAFETY: writes an atomic.
     unsafe { flux_cpu_tensor_bytes_reset_peak() }
+}
+
+/// The bytes of tensors on `device`: on the CPU those [`count_cpu_tensors`] counts (zeros before
+/// it), on CUDA the caching allocator's since the process started. Fails, with libtorch's
+/// reason, where the device has no caching allocator to ask.
+pub fn tensor_bytes(device: Device) -> Result<TensorBytes, String> {
+    let index = match device {
+        Device::Cpu => return Ok(cpu_tensor_bytes()),
+        Device::Cuda(index) => index as i32,
+        other => return Err(format!("tensor memory is not counted on {other:?}")),
+    };
+    let (mut live, mut peak) = (0i64, 0i64);
+    // SAFETY: two out-pointers to live locals; the error string is copied before the next call.
+    let rc = unsafe { flux_device_tensor_bytes(CUDA, index, &mut live, &mut peak) };
+    if rc != 0 {
+        let reason = unsafe { CStr::from_ptr(flux_tensor_memory_last_error()) };
+        return Err(reason.to_string_lossy().into_owned());
+    }
+    Ok(TensorBytes {
+        live: live.max(0) as u64,
+        peak: peak.max(0) as u64,
+    })
 }

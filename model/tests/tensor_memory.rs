@@ -65,3 +65,19 @@ fn a_bf16_model_is_built_without_a_whole_f32_copy() {
     );
     assert!(peak < 3 * params, "{peak}");
 }
+
+/// With a GPU the caching allocator answers; without one, the error says why (no crash).
+#[test]
+fn cuda_tensor_bytes_come_from_the_caching_allocator_or_say_why_not() {
+    let _alone = ALONE.lock().unwrap();
+    let r = flux_model::tensor_memory::tensor_bytes(Device::Cuda(0));
+    if tch::Cuda::is_available() {
+        let before = r.unwrap().live;
+        let t = Tensor::zeros([1024, 256], (Kind::Float, Device::Cuda(0)));
+        let now = flux_model::tensor_memory::tensor_bytes(Device::Cuda(0)).unwrap();
+        assert!(now.live >= before + MIB && now.peak >= now.live, "{now:?}");
+        drop(t);
+    } else {
+        assert!(!r.unwrap_err().is_empty());
+    }
+}

@@ -31,8 +31,8 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Peak resident memory of this process, MiB.
     pub peak_memory_mib: f64,
-    /// On the CPU: the most bytes this process's tensors held at once, MiB (what `flux-hpc plan`
-    /// predicts; [`flux_model::tensor_memory`]).
+    /// The most bytes this process's tensors held at once on its device (CPU or CUDA), MiB: what
+    /// `flux-hpc plan` predicts ([`flux_model::tensor_memory`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_tensor_mib: Option<f64>,
     /// Under `[parallelism] overlap_grad_reduce` or `sharding = "gradients"`: seconds between

@@ -652,9 +652,11 @@ impl<'a> Trainer<'a> {
         peak_rss_mib()
     }
 
-    /// On the CPU, the most bytes tensors held at once since the model was built, MiB.
+    /// The most bytes tensors held at once on the training device since the model was built,
+    /// MiB (on the CPU and CUDA).
     pub fn peak_tensor_mib(&self) -> Option<f64> {
-        (self.device == Device::Cpu)
-            .then(|| tensor_memory::cpu_tensor_bytes().peak as f64 / (1u64 << 20) as f64)
+        tensor_memory::tensor_bytes(self.device)
+            .ok()
+            .map(|b| b.peak as f64 / (1u64 << 20) as f64)
     }
 }
