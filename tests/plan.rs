@@ -129,10 +129,10 @@ fn the_large_configs_fit_eight_gpus_only_sharded_or_split() {
         let p = plan(config, &["--gpus", "8", "--gpu-memory", memory], &[]);
         // The config's own TP 8 leaves one replica on 8 GPUs, too few for its sharding.
         assert!(
-            p["layout_error"]
-                .as_str()
-                .unwrap()
-                .starts_with("parallelism.sharding: needs 2 or more data-parallel replicas"),
+            p["layout_error"].as_str().unwrap().starts_with(
+                "parallelism.sharding: shards state over the data-parallel replicas, and \
+                     this run has one (world 8 / tensor_parallel_size 8)"
+            ),
             "{p}"
         );
         let fits = fitting(&p);
@@ -164,7 +164,8 @@ fn bad_plan_arguments_name_what_is_wrong() {
     let p = plan("configs/flux_12b.toml", &["--gpus", "4"], &[]);
     assert_eq!(
         p["layout_error"],
-        "parallelism.tensor_parallel_size: 8 does not divide 4 ranks"
+        "parallelism.tensor_parallel_size: world size 4 is not divisible by tensor_parallel_size \
+         8: world = tp × dp must hold"
     );
     assert!(p["memory"].is_null() && !p["layouts"].as_array().unwrap().is_empty());
     let out = flux_hpc(&["plan", FLUX_TINY, "--gpu-memory", "80"]);

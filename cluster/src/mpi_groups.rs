@@ -157,6 +157,21 @@ pub struct GroupSizes {
     pub sequence_parallel: bool,
 }
 
+impl GroupSizes {
+    /// The data-parallel replicas and the shard-group size a world of `world` ranks makes with
+    /// these sizes; refused when the tensor-parallel size does not divide the world or the shard
+    /// group the replicas. Pure arithmetic: every rank, and a planner with no MPI, reaches the
+    /// same verdict.
+    pub fn split(&self, world: usize) -> Result<(usize, usize), LayoutError> {
+        let tp = self.tensor_parallel;
+        if tp == 0 || !world.is_multiple_of(tp) {
+            return Err(LayoutError::Indivisible { world, tp });
+        }
+        let dp = world / tp;
+        Ok((dp, shard_group(dp, self.shard_group)?))
+    }
+}
+
 /// The size of the shard groups of a data-parallel group of `dp` replicas asked for as
 /// `requested` (0: all of them).
 fn shard_group(dp: usize, requested: usize) -> Result<usize, LayoutError> {
@@ -228,22 +243,11 @@ impl ParallelWorld {
     /// Initialise MPI and split the world into tensor-parallel groups and each data-parallel
     /// group into shard groups, as `sizes` says.
     pub fn init(sizes: GroupSizes) -> Result<Self, LayoutError> {
-        let GroupSizes {
-            tensor_parallel: tp_size,
-            shard_group: shard_group_size,
-            sequence_parallel,
-        } = sizes;
         let universe = mpi::initialize().ok_or(LayoutError::Init)?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        if tp_size == 0 || size % tp_size != 0 {
-            return Err(LayoutError::Indivisible {
-                world: size,
-                tp: tp_size,
-            });
-        }
-        let dp_size = size / tp_size;
-        let group = shard_group(dp_size, shard_group_size)?;
+        let (tp_size, sequence_parallel) = (sizes.tensor_parallel, sizes.sequence_parallel);
+        let (_, group) = sizes.split(size)?;
         let split = |comm: &SimpleCommunicator, color: usize| {
             let comm = comm
                 .split_by_color(Color::with_value(color as i32))
@@ -267,13 +271,7 @@ impl ParallelWorld {
 
     /// One process without MPI (no launcher variables were found): every group has one rank.
     pub fn single(sizes: GroupSizes) -> Result<Self, LayoutError> {
-        if sizes.tensor_parallel != 1 {
-            return Err(LayoutError::Indivisible {
-                world: 1,
-                tp: sizes.tensor_parallel,
-            });
-        }
-        shard_group(1, sizes.shard_group)?;
+        sizes.split(1)?;
         Ok(Self {
             tp: TpContext::single(),
             dp: Box::new(SingleRank),

@@ -54,33 +54,11 @@ impl Layout {
     /// that cannot apply there, as training would refuse it.
     pub fn of(run: &RunConfig, ranks: usize) -> Result<Self, ConfigError> {
         let p = &run.parallelism;
-        let tp = p.tensor_parallel_size.max(1) as usize;
-        if !ranks.is_multiple_of(tp) {
-            return Err(ConfigError::new(
-                "tensor_parallel_size",
-                format!("{tp} does not divide {ranks} ranks"),
-            ));
-        }
-        let dp = ranks / tp;
-        if p.sharding != Sharding::None && dp < 2 {
-            return Err(ConfigError::new(
-                "sharding",
-                format!(
-                    "needs 2 or more data-parallel replicas; {ranks} ranks at TP {tp} make {dp}"
-                ),
-            ));
-        }
-        let group = p.shard_group_size as usize;
-        if group != 0 && !dp.is_multiple_of(group) {
-            return Err(ConfigError::new(
-                "shard_group_size",
-                format!("{group} does not divide the {dp} data-parallel replicas"),
-            ));
-        }
+        let dp = p.replicas(ranks)?;
         Ok(Self {
-            tp,
+            tp: p.tensor_parallel_size as usize,
             dp,
-            shard_group: group,
+            shard_group: p.shard_group_size as usize,
             sharding: p.sharding,
             sequence_parallel: p.sequence_parallel,
             recompute: run.training.recompute,

@@ -19,7 +19,7 @@
 use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
-use flux_cluster::GroupSizes;
+use flux_cluster::{GroupSizes, LayoutError};
 use flux_model::{ConfigError, ModelSpec};
 
 use crate::monitoring::{LoggingConfig, SamplingConfig};
@@ -103,6 +103,31 @@ impl ParallelismConfig {
             shard_group: self.shard_group_size as usize,
             sequence_parallel: self.sequence_parallel,
         }
+    }
+
+    /// The data-parallel replicas `ranks` ranks make under this table, refused as a launch on
+    /// them would be: a tensor-parallel size that does not divide them, a shard group that does
+    /// not divide the replicas, sharding with one replica. The error names the field within
+    /// `[parallelism]`.
+    pub fn replicas(&self, ranks: usize) -> Result<usize, ConfigError> {
+        let (dp, _) = self.group_sizes().split(ranks).map_err(|e| {
+            let field = match e {
+                LayoutError::ShardGroup { .. } => "shard_group_size",
+                _ => "tensor_parallel_size",
+            };
+            ConfigError::new(field, e.to_string())
+        })?;
+        if self.sharding != Sharding::None && dp == 1 {
+            return Err(ConfigError::new(
+                "sharding",
+                format!(
+                    "shards state over the data-parallel replicas, and this run has one (world \
+                     {ranks} / tensor_parallel_size {}); set \"none\" or launch more ranks",
+                    self.tensor_parallel_size
+                ),
+            ));
+        }
+        Ok(dp)
     }
 
     /// `bucket_mib` in f32 elements.

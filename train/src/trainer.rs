@@ -211,17 +211,9 @@ impl<'a> Trainer<'a> {
                  small adapters: use \"gradients\"",
             ));
         }
-        if sharding != Sharding::None && replicas == 1 {
-            return Err(ConfigError::new(
-                "parallelism.sharding",
-                format!(
-                    "shards state over the data-parallel replicas, and this run has one (world \
-                     {} / tensor_parallel_size {}); set \"none\" or launch more ranks",
-                    model.store().tp().size() as u64 * replicas,
-                    model.store().tp().size()
-                ),
-            ));
-        }
+        run.parallelism
+            .replicas(model.store().tp().size() * replicas as usize)
+            .map_err(|e| e.within("parallelism"))?;
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
         let layers = model.layers();
         let optimizer = dp_optimizer(
