@@ -170,6 +170,20 @@ fn bad_plan_arguments_name_what_is_wrong() {
     assert!(p["memory"].is_null() && !p["layouts"].as_array().unwrap().is_empty());
     let out = flux_hpc(&["plan", FLUX_TINY, "--gpu-memory", "80"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
+    for (args, expected) in [
+        (
+            ["--headroom", "1.5"],
+            "--headroom must be in [0, 1), got 1.5",
+        ),
+        (["--gpus", "0"], "--gpus must be at least 1"),
+    ] {
+        let mut all = vec!["plan", FLUX_TINY];
+        all.extend(args);
+        let out = flux_hpc(&all);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+    }
     let out = flux_hpc(&[
         "plan",
         FLUX_TINY,
