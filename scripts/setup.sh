@@ -3,11 +3,12 @@
 #
 #   bash scripts/setup.sh
 #
-# 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI, Slurm and munge
-#    for the local test cluster of scripts/slurm-local.sh).
+# 1. Debian packages (compilers, libclang for rsmpi's bindgen, HDF5, OpenMPI, gloo's headers for
+#    c10d's ProcessGroupGloo, Slurm and munge for the local test cluster of scripts/slurm-local.sh).
 # 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
 #    and the reference packages used to make test fixtures and benchmarks (diffusers,
-#    safetensors, h5py, and peft for diffusers' LoRA loader).
+#    safetensors, h5py, and peft for diffusers' LoRA loader), and the two CUDA header wheels
+#    (crt, cccl) the wheel's own CUDA packages leave out, which ProcessGroupNCCL's header needs.
 # 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
 #    so plain `cargo build` / `cargo test` need no exported variables.
 # A second run only checks and skips.
@@ -20,8 +21,11 @@ TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
 PEFT_VERSION=0.21.2
 TENSORBOARD_VERSION=2.21.0
+# The CUDA 13.0 headers torch 2.13's cu13 wheels do not ship (host_config.h, libcu++'s nv/):
+# header-only, 40 MB, and needed to compile flux-hpc's c10d NCCL bridge, not to run anything.
+CUDA_HEADER_WHEELS=("nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85")
 APT_PACKAGES=(build-essential pkg-config clang libclang-dev libhdf5-dev hdf5-tools
-              libopenmpi-dev openmpi-bin fonts-dejavu-core slurm-wlm munge)
+              libopenmpi-dev openmpi-bin libgloo-dev fonts-dejavu-core slurm-wlm munge)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -60,6 +64,13 @@ if ! $py -c "import diffusers, safetensors, h5py; assert diffusers.__version__ =
     $py -m pip install -q "diffusers==$DIFFUSERS_VERSION" safetensors numpy h5py
 else
     say "diffusers $DIFFUSERS_VERSION, safetensors and h5py present in .venv"
+fi
+cuda_include="$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/include"
+if [ ! -f "$cuda_include/crt/host_config.h" ] || [ ! -d "$cuda_include/cccl/nv" ]; then
+    say "installing the CUDA header wheels ${CUDA_HEADER_WHEELS[*]} into .venv"
+    $py -m pip install -q --no-deps "${CUDA_HEADER_WHEELS[@]}"
+else
+    say "CUDA headers (crt, cccl) present in .venv"
 fi
 # PEFT: diffusers' LoRA loader, which the LoRA tests load flux-hpc's adapters through.
 if ! $py -c "import peft; assert peft.__version__ == '$PEFT_VERSION'" 2>/dev/null; then

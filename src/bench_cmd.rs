@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use flux_cluster::{ParallelWorld, Placement};
 use flux_data::dataset::LatentDataset;
+use flux_model::tp::staging;
 use flux_model::{tensor_memory, DiffusionBatch, DiffusionModel};
 use flux_train::metrics::{peak_rss_mib, rss_mib};
 use flux_train::{build_model, RunConfig, Trainer};
@@ -110,8 +111,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     let placement = Placement::from_env()?;
     let threads = args.threads.unwrap_or_else(|| placement.threads());
     tch::set_num_threads(threads as i32);
-    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes())?;
     let device = args.device.device.resolve(placement.local_rank)?;
+    let transport = run.parallelism.transport(device)?;
+    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes(), transport)?;
     // What the process holds before any weight exists: libtorch, MPI, the binary.
     let baseline_rss = rss_mib();
     // Tensors' own bytes, what `flux-hpc plan` predicts (CUDA's caching allocator counts its own).
@@ -157,8 +159,10 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         Work::Forward(model, _) => (model.store().num_local_params(true), 0),
     };
     let mut seconds = Vec::with_capacity(args.steps);
+    let mut staged = 0;
     for i in 0..args.warmup + args.steps {
         synchronize(device);
+        let staged_before = staging::host_staged_bytes();
         let start = Instant::now();
         match &mut work {
             Work::Step(trainer) => {
@@ -171,6 +175,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         synchronize(device);
         if i >= args.warmup {
             seconds.push(start.elapsed().as_secs_f64());
+            staged += staging::host_staged_bytes() - staged_before;
         }
     }
     let model_state = match &work {
@@ -211,6 +216,9 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "trained_params_per_rank": trained,
         "sharding": format!("{:?}", run.parallelism.sharding).to_lowercase(),
         "overlap_grad_reduce": run.parallelism.overlap_grad_reduce,
+        "backend": transport.backend.name(),
+        // Rank 0's bytes staged through host f32 buffers per timed step or pass.
+        "host_staged_mib_per_step": mib(staged) / args.steps.max(1) as f64,
         "bucket_mib": run.parallelism.bucket_mib,
         "optimizer_state_mib_per_rank": mib(optimizer_bytes),
         // Weights present, gradients and optimizer state after the last step.

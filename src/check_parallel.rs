@@ -53,7 +53,8 @@ fn loss(out: &Tensor, target: &Tensor, global_elements: i64) -> Tensor {
 pub fn run(args: CheckParallelArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let tp_size = run.parallelism.tensor_parallel_size as usize;
-    let world = ParallelWorld::init(run.parallelism.group_sizes())?;
+    let transport = run.parallelism.transport(Device::Cpu)?;
+    let world = ParallelWorld::init(run.parallelism.group_sizes(), transport)?;
     let (dp_rank, dp_size) = (world.dp_rank(), world.dp_size());
     if args.batch % dp_size as i64 != 0 {
         bail!(
@@ -136,12 +137,13 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
         format!(" (expected {} {} {})", e.forward, e.backward, e.grad_sync)
     });
     println!(
-        "rank {} (tp {}/{tp_size}, dp {dp_rank}/{dp_size}, {}): output max|Δ| {out_diff:.2e}, gradients \
+        "rank {} (tp {}/{tp_size}, dp {dp_rank}/{dp_size}, {}, {}): output max|Δ| {out_diff:.2e}, gradients \
          max|Δ| {grad_diff:.2e} (at {worst}); all-reduces forward {} backward {} grad-sync {}{expected_text}; \
          sequence gathers and reduce-scatters {}",
         world.world.rank(),
         world.tp.rank(),
         config.architecture(),
+        transport.backend.name(),
         counts.forward,
         counts.backward,
         counts.grad_sync,

@@ -64,10 +64,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let signals = StopSignals::install(&run.slurm.signal).context("installing signal handlers")?;
     let placement = Placement::from_env()?;
-    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes())?;
+    let device = args.device.device.resolve(placement.local_rank)?;
+    let transport = run.parallelism.transport(device)?;
+    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes(), transport)?;
     world.bound_collective_waits(Duration::from_secs(run.parallelism.collective_timeout_s));
     tch::set_num_threads(placement.threads() as i32);
-    let device = args.device.device.resolve(placement.local_rank)?;
     let leader = world.world.rank() == 0;
     let dir = &run.checkpoint.dir;
     prepare_run_dir(dir, world.world.as_ref())?;
@@ -193,6 +194,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 stats.skipped,
             );
             r.grad_reduce_overlap_s = stats.overlap.map(|o| o.overlapped_s);
+            r.host_staged_mib = Some(stats.host_staged_bytes as f64 / (1u64 << 20) as f64);
             tracing::debug!(
                 step,
                 loss = stats.loss,
@@ -344,6 +346,7 @@ fn step_record(
         peak_memory_mib: trainer.peak_memory_mib(),
         peak_tensor_mib: trainer.peak_tensor_mib(),
         grad_reduce_overlap_s: None,
+        host_staged_mib: None,
         elapsed_s: start.elapsed().as_secs_f64(),
     }
 }

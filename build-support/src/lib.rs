@@ -27,10 +27,16 @@ pub fn link_libtorch_rpath() {
 /// that tch does not expose. Call from `build.rs` of a package that lists `torch-sys` among its
 /// dependencies.
 pub fn compile_libtorch_cpp(name: &str, files: &[&str]) {
-    let lib = std::path::PathBuf::from(
-        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports its lib dir"),
-    );
-    let root = lib.parent().expect("libtorch lib folder has a parent");
+    libtorch_cpp(files).compile(name);
+}
+
+/// The build [`compile_libtorch_cpp`] runs, for a caller that adds include folders or defines
+/// before compiling it.
+pub fn libtorch_cpp(files: &[&str]) -> cc::Build {
+    let root = libtorch_lib()
+        .parent()
+        .expect("libtorch lib folder has a parent")
+        .to_path_buf();
     let mut build = cc::Build::new();
     for file in files {
         println!("cargo:rerun-if-changed={file}");
@@ -43,6 +49,33 @@ pub fn compile_libtorch_cpp(name: &str, files: &[&str]) {
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")
-        .warnings(false)
-        .compile(name);
+        .warnings(false);
+    build
+}
+
+/// The folders of CUDA's and NCCL's headers that ship beside the wheel's libtorch (the `nvidia`
+/// packages next to `torch/`: the CUDA runtime, crt and cccl, and NCCL), when libtorch was built
+/// with CUDA and all of them are there; `None` otherwise, and the NCCL parts are left out.
+pub fn cuda_includes() -> Option<Vec<std::path::PathBuf>> {
+    let lib = libtorch_lib();
+    let nvidia = lib.parent()?.parent()?.join("nvidia");
+    let cuda = nvidia.join("cu13/include");
+    let folders = vec![cuda.clone(), cuda.join("cccl"), nvidia.join("nccl/include")];
+    let needed = [
+        lib.join("libtorch_cuda.so"),
+        cuda.join("cuda_runtime.h"),
+        cuda.join("crt/host_config.h"),
+        cuda.join("cccl/nv/target"),
+        nvidia.join("nccl/include/nccl.h"),
+    ];
+    for file in &needed {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    needed.iter().all(|f| f.exists()).then_some(folders)
+}
+
+fn libtorch_lib() -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports its lib dir"),
+    )
 }

@@ -1,7 +1,10 @@
 //! The MPI world split into tensor- and data-parallel groups (ranks placed TP-contiguous).
 
-use flux_model::tp::{Collective, DpGroups, Pending, SingleRank, TpContext};
+use flux_model::tp::{staging, Collective, DpGroups, Pending, SingleRank, TpContext};
+use tch::{Device, Kind, Tensor};
 
+use crate::backend::{Backend, BackendError, Transport};
+use crate::c10d::{C10dGroup, Store};
 use crate::{watchdog, Placement};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
@@ -12,7 +15,7 @@ use mpi::traits::*;
 
 /// An MPI communicator as a [`Collective`].
 pub struct MpiGroup {
-    comm: SimpleCommunicator,
+    pub(crate) comm: SimpleCommunicator,
 }
 
 impl std::fmt::Debug for MpiGroup {
@@ -53,63 +56,90 @@ impl Collective for MpiGroup {
             .reduce_scatter_block_into(data, out, SystemOperation::sum());
     }
 
-    fn start_all_reduce_sum(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
-        let mut sum = vec![0f32; data.len()];
-        // SAFETY: a constant MPI defines.
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: both buffers are heap allocations of `data.len()` f32 that move, unread and
-        // unwritten, into the returned value, which completes the request before freeing them.
-        unsafe {
-            ffi::MPI_Iallreduce(
-                data.as_ptr().cast(),
-                sum.as_mut_ptr().cast(),
-                data.len() as i32,
-                ffi::RSMPI_FLOAT,
-                ffi::RSMPI_SUM,
-                self.comm.as_raw(),
-                &mut request,
-            );
-        }
+    fn start_all_reduce(&self, t: Tensor) -> Box<dyn Pending + '_> {
+        let sum = staging::host_f32(&t);
+        let send = sum.copy();
+        let request = self.start(|comm, request| {
+            // SAFETY: `send` and `sum` are host f32 tensors of `t.numel()` elements that move,
+            // unread and unwritten by anything else, into the returned value, which completes
+            // the request before freeing them.
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    send.data_ptr(),
+                    sum.data_ptr(),
+                    t.numel() as i32,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_SUM,
+                    comm,
+                    request,
+                )
+            }
+        });
         Box::new(MpiPending {
-            _send: data,
-            result: sum,
+            _send: send,
+            buffer: sum,
+            result: t,
             request,
             group_size: self.size(),
         })
     }
 
-    fn start_all_gather(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
-        let mut out = vec![0f32; data.len() * self.size()];
-        // SAFETY: a constant MPI defines.
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `data` (`data.len()` f32) and `out` (`size()` times that) are heap
-        // allocations that move, unread and unwritten, into the returned value, which completes
-        // the request before freeing them.
-        unsafe {
-            ffi::MPI_Iallgather(
-                data.as_ptr().cast(),
-                data.len() as i32,
-                ffi::RSMPI_FLOAT,
-                out.as_mut_ptr().cast(),
-                data.len() as i32,
-                ffi::RSMPI_FLOAT,
-                self.comm.as_raw(),
-                &mut request,
-            );
-        }
+    fn start_all_gather(&self, input: Tensor) -> Box<dyn Pending + '_> {
+        let send = staging::host_f32(&input);
+        let n = send.numel();
+        let out = Tensor::zeros([(n * self.size()) as i64], (Kind::Float, Device::Cpu));
+        let request = self.start(|comm, request| {
+            // SAFETY: `send` (`n` f32) and `out` (`size()` times that) are host tensors that
+            // move, unread and unwritten by anything else, into the returned value, which
+            // completes the request before freeing them.
+            unsafe {
+                ffi::MPI_Iallgather(
+                    send.data_ptr(),
+                    n as i32,
+                    ffi::RSMPI_FLOAT,
+                    out.data_ptr(),
+                    n as i32,
+                    ffi::RSMPI_FLOAT,
+                    comm,
+                    request,
+                )
+            }
+        });
+        let result = match staging::is_host_f32(&input) {
+            true => out.shallow_clone(),
+            false => input.new_zeros([(n * self.size()) as i64], (input.kind(), input.device())),
+        };
         Box::new(MpiPending {
-            _send: data,
-            result: out,
+            _send: send,
+            buffer: out,
+            result,
             request,
             group_size: self.size(),
         })
     }
 }
 
-/// A non-blocking MPI collective in flight, with the buffers it reads and writes.
+impl MpiGroup {
+    /// A non-blocking collective `call` starts on this communicator: its request.
+    fn start(
+        &self,
+        call: impl FnOnce(ffi::MPI_Comm, &mut ffi::MPI_Request) -> i32,
+    ) -> ffi::MPI_Request {
+        // SAFETY: a constant MPI defines.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        call(self.comm.as_raw(), &mut request);
+        request
+    }
+}
+
+/// A non-blocking MPI collective in flight, with the host buffers it reads and writes and the
+/// tensor its result goes to.
 struct MpiPending {
-    _send: Vec<f32>,
-    result: Vec<f32>,
+    _send: Tensor,
+    /// The host f32 buffer MPI writes.
+    buffer: Tensor,
+    /// What [`Pending::wait`] returns: `buffer` itself, or the tensor it is copied into.
+    result: Tensor,
     request: ffi::MPI_Request,
     group_size: usize,
 }
@@ -123,9 +153,10 @@ impl Pending for MpiPending {
         done != 0
     }
 
-    fn wait(mut self: Box<Self>) -> Vec<f32> {
+    fn wait(mut self: Box<Self>) -> Tensor {
         self.complete();
-        std::mem::take(&mut self.result)
+        staging::copy_back(&self.result, &self.buffer);
+        self.result.shallow_clone()
     }
 }
 
@@ -197,6 +228,9 @@ pub enum LayoutError {
         /// Requested tensor-parallel size.
         tp: usize,
     },
+    /// The backend's groups could not be set up.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
     /// The shard group size is not a divisor of the data-parallel size.
     #[error("shard_group_size {group} does not divide the {dp} data-parallel replicas (world / tensor_parallel_size)")]
     ShardGroup {
@@ -221,6 +255,8 @@ pub struct ParallelWorld {
     pub dp_across: Box<dyn Collective>,
     /// Every rank.
     pub world: Box<dyn Collective>,
+    /// The rendezvous of c10d groups (none under MPI), dropped after them.
+    _store: Option<Store>,
     // Last: dropping the universe finalises MPI, after the communicators are freed.
     universe: Option<Universe>,
 }
@@ -241,8 +277,9 @@ impl std::fmt::Debug for ParallelWorld {
 
 impl ParallelWorld {
     /// Initialise MPI and split the world into tensor-parallel groups and each data-parallel
-    /// group into shard groups, as `sizes` says.
-    pub fn init(sizes: GroupSizes) -> Result<Self, LayoutError> {
+    /// group into shard groups, as `sizes` says; under a c10d backend, each group also becomes a
+    /// c10d process group (rendezvoused through a store world rank 0 opens).
+    pub fn init(sizes: GroupSizes, transport: Transport) -> Result<Self, LayoutError> {
         let universe = mpi::initialize().ok_or(LayoutError::Init)?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -252,19 +289,50 @@ impl ParallelWorld {
             let comm = comm
                 .split_by_color(Color::with_value(color as i32))
                 .expect("every rank has a color");
-            Box::new(MpiGroup { comm })
+            MpiGroup { comm }
         };
-        let tp = split(&world, rank / tp_size);
-        let dp = split(&world, rank % tp_size);
+        let (tp_color, dp_color) = (rank / tp_size, rank % tp_size);
+        let tp = split(&world, tp_color);
+        let dp = split(&world, dp_color);
         let dp_rank = dp.rank();
-        let dp_shard = split(&dp.comm, dp_rank / group);
-        let dp_across = split(&dp.comm, dp_rank % group);
+        let (shard_color, across_color) = (dp_rank / group, dp_rank % group);
+        let dp_shard = split(&dp.comm, shard_color);
+        let dp_across = split(&dp.comm, across_color);
+        let everyone = split(&world, 0);
+        let store = match transport.backend {
+            Backend::Gloo | Backend::Nccl => Some(Store::rendezvous(
+                &world,
+                transport.backend,
+                transport.timeout,
+            )?),
+            _ => None,
+        };
+        // Every rank names its groups alike and creates them in the same order.
+        let make = |name: String, mpi: MpiGroup| -> Result<Box<dyn Collective>, LayoutError> {
+            Ok(match &store {
+                None => Box::new(mpi),
+                Some(store) => Box::new(C10dGroup::new(
+                    store,
+                    &world,
+                    &name,
+                    mpi,
+                    transport.backend,
+                    transport.timeout,
+                )?),
+            })
+        };
+        let tp = make(format!("tp/{tp_color}"), tp)?;
+        let dp = make(format!("dp/{dp_color}"), dp)?;
+        let dp_shard = make(format!("dp_shard/{dp_color}/{shard_color}"), dp_shard)?;
+        let dp_across = make(format!("dp_across/{dp_color}/{across_color}"), dp_across)?;
+        let everyone = make("world".into(), everyone)?;
         Ok(Self {
             tp: TpContext::new(tp).with_sequence_parallel(sequence_parallel),
             dp,
             dp_shard,
             dp_across,
-            world: Box::new(MpiGroup { comm: world }),
+            world: everyone,
+            _store: store,
             universe: Some(universe),
         })
     }
@@ -278,17 +346,22 @@ impl ParallelWorld {
             dp_shard: Box::new(SingleRank),
             dp_across: Box::new(SingleRank),
             world: Box::new(SingleRank),
+            _store: None,
             universe: None,
         })
     }
 
     /// MPI when this process was started by a launcher (`placement.source` is not `"single"`),
     /// else [`ParallelWorld::single`].
-    pub fn from_launch(placement: &Placement, sizes: GroupSizes) -> Result<Self, LayoutError> {
+    pub fn from_launch(
+        placement: &Placement,
+        sizes: GroupSizes,
+        transport: Transport,
+    ) -> Result<Self, LayoutError> {
         if placement.source == "single" {
             Self::single(sizes)
         } else {
-            Self::init(sizes)
+            Self::init(sizes, transport)
         }
     }
 

@@ -40,6 +40,11 @@ pub struct StepRecord {
     /// reduce-scatter) and that backward ending (how long communication ran beside compute).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub grad_reduce_overlap_s: Option<f64>,
+    /// MiB this rank's collectives staged through host memory in the step: tensors copied off
+    /// the GPU, or converted to f32, for a backend that cannot move them where they lie (MPI).
+    /// 0 when NCCL moves CUDA tensors, or gloo or MPI move f32 CPU tensors.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub host_staged_mib: Option<f64>,
     /// Seconds since training started.
     pub elapsed_s: f64,
 }
@@ -64,6 +69,7 @@ impl StepRecord {
                 ("perf/peak_memory_mib", self.peak_memory_mib),
             ]);
             out.extend(self.peak_tensor_mib.map(|m| ("perf/peak_tensor_mib", m)));
+            out.extend(self.host_staged_mib.map(|m| ("perf/host_staged_mib", m)));
         }
         out
     }

@@ -5,8 +5,8 @@
 //! whose gradients are complete to a non-blocking all-reduce. Only the last micro-batch's
 //! backward reduces; earlier ones just accumulate.
 
-use flux_model::tp::{Collective, Pending};
-use tch::{Device, Kind, Tensor};
+use flux_model::tp::{pack, unpack, Collective, Pending};
+use tch::Tensor;
 
 use crate::grad_hooks::{BucketSink, GradHooks, OverlapReport};
 
@@ -63,7 +63,7 @@ impl<'a> OverlappedReduce<'a> {
         let report = self.hooks.flush();
         self.hooks.with_sink(|sink, params| {
             for (members, pending) in std::mem::take(&mut sink.in_flight) {
-                unpack(params, &members, &pending.wait());
+                unpack(&grads_of(params, &members), &pending.wait());
             }
         });
         report
@@ -81,16 +81,7 @@ impl<'a> BucketSink for AllReduce<'a> {
         if members.is_empty() {
             return;
         }
-        let total = members.iter().map(|&i| params[i].numel()).sum();
-        let mut data = vec![0f32; total];
-        let mut offset = 0;
-        for &i in &members {
-            let g = params[i].grad().to_kind(Kind::Float).to_device(Device::Cpu);
-            let n = g.numel();
-            g.contiguous().copy_data(&mut data[offset..offset + n], n);
-            offset += n;
-        }
-        let pending = self.dp.start_all_reduce_sum(data);
+        let pending = self.dp.start_all_reduce(pack(&grads_of(params, &members)));
         self.in_flight.push((members, pending));
     }
 
@@ -99,7 +90,7 @@ impl<'a> BucketSink for AllReduce<'a> {
         let mut still = Vec::with_capacity(self.in_flight.len());
         for (members, mut pending) in std::mem::take(&mut self.in_flight) {
             match pending.test() {
-                true => unpack(params, &members, &pending.wait()),
+                true => unpack(&grads_of(params, &members), &pending.wait()),
                 false => still.push((members, pending)),
             }
         }
@@ -107,24 +98,7 @@ impl<'a> BucketSink for AllReduce<'a> {
     }
 }
 
-/// Write `sum` (the gradients of `members`, flattened in order) into their gradients.
-fn unpack(params: &[Tensor], members: &[usize], sum: &[f32]) {
-    let mut offset = 0;
-    for &i in members {
-        let g = params[i].grad();
-        let n = g.numel();
-        // SAFETY: `sum[offset..offset + n]` is live f32 data for the whole of this block, which
-        // only reads it (the copy into the gradient).
-        let piece = unsafe {
-            Tensor::from_blob(
-                sum[offset..].as_ptr().cast(),
-                &[n as i64],
-                &[],
-                Kind::Float,
-                Device::Cpu,
-            )
-        };
-        tch::no_grad(|| g.shallow_clone().copy_(&piece.view(g.size().as_slice())));
-        offset += n;
-    }
+/// The gradients of `params[members]`, in order.
+fn grads_of(params: &[Tensor], members: &[usize]) -> Vec<Tensor> {
+    members.iter().map(|&i| params[i].grad()).collect()
 }

@@ -19,8 +19,9 @@
 use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
-use flux_cluster::{GroupSizes, LayoutError};
+use flux_cluster::{Backend, GroupSizes, LayoutError, Transport};
 use flux_model::{ConfigError, ModelSpec};
+use tch::Device;
 
 use crate::monitoring::{LoggingConfig, SamplingConfig};
 use crate::sections::{
@@ -78,6 +79,10 @@ pub struct ParallelismConfig {
     /// forever). Generous by default: a unified checkpoint of a large model is written by one
     /// rank while the others wait.
     pub collective_timeout_s: u64,
+    /// What moves the collectives: `"auto"` (NCCL on CUDA, MPI on the CPU), `"mpi"` (host f32
+    /// buffers; CUDA tensors staged through host memory), `"nccl"` (c10d on CUDA tensors) or
+    /// `"gloo"` (c10d on CPU tensors of any dtype). Ranks are launched by MPI whichever it is.
+    pub backend: Backend,
 }
 
 impl Default for ParallelismConfig {
@@ -91,11 +96,19 @@ impl Default for ParallelismConfig {
             overlap_grad_reduce: false,
             sequence_parallel: false,
             collective_timeout_s: 1800,
+            backend: Backend::Auto,
         }
     }
 }
 
 impl ParallelismConfig {
+    /// How the groups of a run on `device` communicate: the backend, refused where it cannot
+    /// move that device's tensors, and the collective timeout.
+    pub fn transport(&self, device: Device) -> Result<Transport, flux_cluster::BackendError> {
+        let timeout = std::time::Duration::from_secs(self.collective_timeout_s);
+        Transport::new(self.backend, device, timeout)
+    }
+
     /// The sizes of the groups the world is split into.
     pub fn group_sizes(&self) -> GroupSizes {
         GroupSizes {

@@ -105,16 +105,6 @@ impl ShardLayout {
     }
 }
 
-/// `f` run on the elements of `t`, a contiguous f32 CPU tensor that nothing else reads or writes
-/// while `f` runs.
-pub(crate) fn with_elements<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    assert!(t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous());
-    let n = t.numel();
-    // SAFETY: checked above to be `n` contiguous f32 values in host memory; the caller guarantees
-    // no other access while the slice, which does not outlive `f`, exists.
-    f(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) })
-}
-
 /// A zero f32 CPU tensor of `n` elements.
 pub(crate) fn host_zeros(n: usize) -> Tensor {
     Tensor::zeros([n as i64], (Kind::Float, Device::Cpu))
@@ -143,9 +133,7 @@ pub(crate) fn reduce_scatter_bucket(
     flat.push(host_zeros(b.share * dp.size() - total));
     let flat = Tensor::cat(&flat, 0);
     let summed = host_zeros(b.share);
-    with_elements(&flat, |data| {
-        with_elements(&summed, |out| dp.reduce_scatter_sum(data, out))
-    });
+    dp.reduce_scatter_into(&flat, &summed);
     summed
 }
 
@@ -171,23 +159,15 @@ pub(crate) fn gather_bucket(b: &Bucket, parts: &[Tensor], group: &dyn Collective
 /// `group`, in rank order.
 pub(crate) fn gather_share(share: &Tensor, group: &dyn Collective) -> Tensor {
     let full = host_zeros(share.numel() * group.size());
-    with_elements(share, |data| {
-        with_elements(&full, |out| group.all_gather(data, out))
-    });
+    group.all_gather_into(share, &full);
     full
 }
 
-/// Sum `t` (f32, on any device) elementwise over `group`, in place (through host memory).
+/// Sum `t` (f32, on any device) elementwise over `group`, in place.
 pub(crate) fn sum_over(t: &Tensor, group: &dyn Collective) {
-    if group.size() == 1 {
-        return;
+    if group.size() > 1 {
+        group.all_reduce(t);
     }
-    if t.device() == Device::Cpu && t.is_contiguous() {
-        return with_elements(t, |data| group.all_reduce_sum(data));
-    }
-    let host = t.to_device(Device::Cpu).contiguous();
-    with_elements(&host, |data| group.all_reduce_sum(data));
-    tch::no_grad(|| t.shallow_clone().copy_(&host));
 }
 
 #[cfg(test)]

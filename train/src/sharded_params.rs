@@ -229,7 +229,7 @@ impl LayerParams for ShardedParams<'_> {
                 "prefetched gathers"
             );
             for (b, p) in pending {
-                let full = Tensor::from_slice(&p.wait());
+                let full = p.wait();
                 if expected == layer && !state.present[b] {
                     state.fill(b, &full);
                 }
@@ -243,10 +243,7 @@ impl LayerParams for ShardedParams<'_> {
             let pending: Vec<_> = state
                 .absent(&next)
                 .into_iter()
-                .map(|b| {
-                    let share = Vec::<f32>::try_from(&state.share(b)).expect("f32 share");
-                    (b, self.shard.start_all_gather(share))
-                })
+                .map(|b| (b, self.shard.start_all_gather(state.share(b))))
                 .collect();
             state.prefetch = (!pending.is_empty()).then_some((next, pending));
         }

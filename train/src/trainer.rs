@@ -10,7 +10,7 @@ use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
 use flux_model::residency::storage_present;
 use flux_model::tensor_memory;
-use flux_model::tp::{Collective, DpGroups, ShardedStore, TpContext};
+use flux_model::tp::{staging, Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
@@ -49,6 +49,9 @@ pub struct StepStats {
     pub skipped: bool,
     /// Under `[parallelism] overlap_grad_reduce`: how the gradient sums overlapped backward.
     pub overlap: Option<OverlapReport>,
+    /// Bytes the step's collectives staged through host `f32` buffers on this rank (tensors
+    /// copied off the GPU or converted for MPI; [`flux_model::tp::staging`]).
+    pub host_staged_bytes: u64,
 }
 
 /// What this rank saw in a step whose loss or gradient norm was not finite.
@@ -321,6 +324,7 @@ impl<'a> Trainer<'a> {
     /// (the same on every rank: both are global) is handled by `[training] nonfinite`.
     pub fn train_step(&mut self) -> Result<StepStats, StepError> {
         let start = Instant::now();
+        let staged_before = staging::host_staged_bytes();
         flux_model::recompute::clear_pending();
         let t = self.run.training.clone();
         let (rank, replicas) = (self.dp.rank() as u64, self.dp.size() as u64);
@@ -422,6 +426,7 @@ impl<'a> Trainer<'a> {
             tokens_per_sample,
             skipped,
             overlap,
+            host_staged_bytes: staging::host_staged_bytes() - staged_before,
         })
     }
 

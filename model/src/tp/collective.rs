@@ -1,8 +1,18 @@
 //! The communication a tensor- or data-parallel group needs, behind a trait so that the model
-//! crate needs no MPI (`flux-cluster` implements it over MPI).
+//! crate needs no MPI (`flux-cluster` implements it over MPI and over libtorch's c10d).
 
-/// A group of ranks that can sum, scatter and gather `f32` buffers. Every rank of the group must make the
-/// same calls in the same order (as with any collective).
+use tch::Tensor;
+
+use super::staging;
+
+/// A group of ranks that sums, scatters, gathers and broadcasts. Every rank of the group must
+/// make the same calls in the same order (as with any collective).
+///
+/// Two layers: three required methods move `f32` buffers in host memory (what MPI moves, and
+/// what the stop and failure agreements need); the tensor methods take tensors of any dtype and
+/// device, contiguous, and by default stage them through host `f32` buffers and those three,
+/// counting the bytes ([`staging::host_staged_bytes`]). A backend that moves a tensor where it
+/// lies (c10d's NCCL on CUDA, gloo on the CPU) overrides them.
 pub trait Collective {
     /// This rank's index in the group, `0 ..< size()`.
     fn rank(&self) -> usize;
@@ -17,22 +27,50 @@ pub trait Collective {
     /// a `1 / size()` share of an all-reduce's traffic.
     fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]);
 
-    /// Start replacing `data` by its elementwise sum over the group and return at once where
-    /// the group can (MPI's non-blocking all-reduce), so that computation goes on while the sum
-    /// travels; the default sums before returning. Every rank of the group must start the same
-    /// sums in the same order.
-    fn start_all_reduce_sum(&self, mut data: Vec<f32>) -> Box<dyn Pending + '_> {
-        self.all_reduce_sum(&mut data);
-        Box::new(Finished(data))
+    /// Replace `t` (contiguous, any dtype and device) by its elementwise sum over the group.
+    fn all_reduce(&self, t: &Tensor) {
+        staging::all_reduce(self, t);
     }
 
-    /// Start gathering every rank's `data` (equal lengths), in rank order, and return at once
-    /// where the group can (MPI's non-blocking all-gather); the default gathers before
-    /// returning. Every rank of the group must start the same gathers in the same order.
-    fn start_all_gather(&self, data: Vec<f32>) -> Box<dyn Pending + '_> {
-        let mut out = vec![0f32; data.len() * self.size()];
-        self.all_gather(&data, &mut out);
-        Box::new(Finished(out))
+    /// Write every rank's `input` (`n` elements, contiguous, any shape) in rank order into
+    /// `output` (`size() · n` elements, contiguous, of `input`'s dtype and device).
+    fn all_gather_into(&self, input: &Tensor, output: &Tensor) {
+        staging::all_gather(self, input, output);
+    }
+
+    /// Sum `input` (`size() · n` elements, contiguous, any shape) over the group and write block
+    /// `rank()` of the sum, in its flattened order, into `output` (`n` elements, contiguous, of
+    /// `input`'s dtype and device).
+    fn reduce_scatter_into(&self, input: &Tensor, output: &Tensor) {
+        staging::reduce_scatter(self, input, output);
+    }
+
+    /// Replace `t` (contiguous) on every rank by rank `root`'s `t`.
+    fn broadcast(&self, t: &Tensor, root: usize) {
+        staging::broadcast(self, t, root);
+    }
+
+    /// Start replacing `t` (contiguous, any dtype and device) by its elementwise sum over the
+    /// group and return at once where the backend can, so that computation goes on while the
+    /// sum travels; the default sums before returning. The sum is what the handle's
+    /// [`Pending::wait`] returns (`t` itself, or a tensor like it). Every rank of the group must
+    /// start the same sums in the same order.
+    fn start_all_reduce(&self, t: Tensor) -> Box<dyn Pending + '_> {
+        self.all_reduce(&t);
+        Box::new(Finished(t))
+    }
+
+    /// Start gathering every rank's `input` (`[n]`, contiguous) in rank order and return at once
+    /// where the backend can; the handle's [`Pending::wait`] returns the `[size() · n]` result,
+    /// of `input`'s dtype and device. Every rank of the group must start the same gathers in the
+    /// same order.
+    fn start_all_gather(&self, input: Tensor) -> Box<dyn Pending + '_> {
+        let output = input.new_zeros(
+            [input.numel() as i64 * self.size() as i64],
+            (input.kind(), input.device()),
+        );
+        self.all_gather_into(&input, &output);
+        Box::new(Finished(output))
     }
 
     /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
@@ -45,26 +83,26 @@ pub trait Collective {
     }
 }
 
-/// A collective started by [`Collective::start_all_reduce_sum`] or
-/// [`Collective::start_all_gather`], in flight.
+/// A collective started by [`Collective::start_all_reduce`] or [`Collective::start_all_gather`],
+/// in flight.
 pub trait Pending {
     /// Let the collective progress without blocking (MPI moves a non-blocking collective along
     /// only inside its calls); whether it has finished.
     fn test(&mut self) -> bool;
     /// Wait for the collective and return its result.
-    fn wait(self: Box<Self>) -> Vec<f32>;
+    fn wait(self: Box<Self>) -> Tensor;
 }
 
 /// A collective that was finished when it was started.
 #[derive(Debug)]
-pub struct Finished(pub Vec<f32>);
+pub struct Finished(pub Tensor);
 
 impl Pending for Finished {
     fn test(&mut self) -> bool {
         true
     }
 
-    fn wait(self: Box<Self>) -> Vec<f32> {
+    fn wait(self: Box<Self>) -> Tensor {
         self.0
     }
 }
@@ -91,4 +129,16 @@ impl Collective for SingleRank {
     fn reduce_scatter_sum(&self, data: &[f32], out: &mut [f32]) {
         out.copy_from_slice(data);
     }
+
+    fn all_reduce(&self, _t: &Tensor) {}
+
+    fn all_gather_into(&self, input: &Tensor, output: &Tensor) {
+        tch::no_grad(|| output.shallow_clone().copy_(input));
+    }
+
+    fn reduce_scatter_into(&self, input: &Tensor, output: &Tensor) {
+        tch::no_grad(|| output.shallow_clone().copy_(input));
+    }
+
+    fn broadcast(&self, _t: &Tensor, _root: usize) {}
 }

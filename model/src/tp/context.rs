@@ -8,7 +8,7 @@ use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 use torch_sys::C_tensor;
 
 use crate::tp::{Collective, ParamSpec, Pass, SingleRank};
@@ -93,45 +93,13 @@ struct Group {
 }
 
 impl Group {
-    fn sum_in_place(&self, t: &Tensor) {
-        if t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous() {
-            let n = t.numel();
-            // SAFETY: `t` is a contiguous f32 CPU tensor of `n` elements that only this call uses.
-            let data = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) };
-            self.comm.all_reduce_sum(data);
-        } else {
-            let mut buf = host_f32(t);
-            self.comm.all_reduce_sum(&mut buf);
-            copy_from_host(t, &buf);
-        }
-    }
-
     /// Gather `input` into `output` (`op` Gather) or reduce-scatter it (`op` ReduceScatter); both
     /// contiguous, of one dtype and device.
     fn sequence_collective(&self, op: i32, input: &Tensor, output: &Tensor) {
-        let direct = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
-        if direct(input) {
-            // SAFETY: contiguous f32 CPU tensors the calling node owns for this call; `input`
-            // is only read, `output` only written.
-            let src = unsafe {
-                std::slice::from_raw_parts(input.data_ptr() as *const f32, input.numel())
-            };
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(output.data_ptr() as *mut f32, output.numel())
-            };
-            self.run_sequence(op, src, dst);
-        } else {
-            let mut dst = vec![0f32; output.numel()];
-            self.run_sequence(op, &host_f32(input), &mut dst);
-            copy_from_host(output, &dst);
-        }
-    }
-
-    fn run_sequence(&self, op: i32, src: &[f32], dst: &mut [f32]) {
         if op == SequenceOp::Gather as i32 {
-            self.comm.all_gather(src, dst);
+            self.comm.all_gather_into(input, output);
         } else {
-            self.comm.reduce_scatter_sum(src, dst);
+            self.comm.reduce_scatter_into(input, output);
         }
     }
 
@@ -140,21 +108,6 @@ impl Group {
         f(&mut c);
         self.counts.set(c);
     }
-}
-
-/// `t`'s elements as f32 in host memory, flattened: the buffer a collective moves.
-fn host_f32(t: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
-        .expect("f32 buffer")
-}
-
-/// Overwrite `t` (any dtype and device) with `values`, a host f32 buffer of its elements.
-fn copy_from_host(t: &Tensor, values: &[f32]) {
-    let values = Tensor::from_slice(values)
-        .view(t.size().as_slice())
-        .to_kind(t.kind())
-        .to_device(t.device());
-    tch::no_grad(|| t.shallow_clone().copy_(&values));
 }
 
 /// Called by the autograd nodes in `csrc/tp_regions.cpp` with a contiguous tensor to sum.
@@ -171,7 +124,7 @@ unsafe extern "C" fn reduce_callback(handle: *mut c_void, t: *mut C_tensor, kind
                 c.backward += 1
             }
         });
-        group.sum_in_place(&t);
+        group.comm.all_reduce(&t);
     }));
     if result.is_err() {
         eprintln!("flux-hpc: tensor-parallel all-reduce panicked; aborting so no rank hangs");
@@ -429,15 +382,18 @@ impl TpContext {
         if spec.split_dim.is_none() || self.size() == 1 {
             return local.shallow_clone();
         }
-        let data = host_f32(local);
-        let mut all = vec![0f32; data.len() * self.size()];
-        self.collective().all_gather(&data, &mut all);
+        let local = local.contiguous();
+        let all = local.new_zeros(
+            [local.numel() as i64 * self.size() as i64],
+            (local.kind(), local.device()),
+        );
+        self.collective()
+            .all_gather_into(&local.flatten(0, -1), &all);
         let shards: Vec<Tensor> = all
-            .chunks(data.len())
-            .map(|c| Tensor::from_slice(c).view(local.size().as_slice()))
+            .chunk(self.size() as i64, 0)
+            .iter()
+            .map(|c| c.view(local.size().as_slice()))
             .collect();
         spec.unshard(&shards)
-            .to_kind(local.kind())
-            .to_device(local.device())
     }
 }

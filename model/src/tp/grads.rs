@@ -1,6 +1,6 @@
 //! Bucketed gradient all-reduce: many parameters' gradients summed with few collectives.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::tp::Collective;
 
@@ -45,23 +45,27 @@ pub fn all_reduce_grads(
 }
 
 fn reduce_bucket(grads: &[Tensor], comm: &dyn Collective, scale: f64) {
-    let mut flat = Tensor::cat(
-        &grads
-            .iter()
-            .map(|g| g.to_kind(Kind::Float).flatten(0, -1))
-            .collect::<Vec<_>>(),
-        0,
-    )
-    .to_device(Device::Cpu)
-    .contiguous();
-    let n = flat.numel();
-    // SAFETY: `flat` is a contiguous f32 tensor of `n` elements that nothing else references;
-    // the slice is dropped before `flat` is used again.
-    let data = unsafe { std::slice::from_raw_parts_mut(flat.data_ptr() as *mut f32, n) };
-    comm.all_reduce_sum(data);
+    let flat = pack(grads);
+    comm.all_reduce(&flat);
     if scale != 1.0 {
-        let _ = flat.g_mul_scalar_(scale);
+        let _ = flat.shallow_clone().g_mul_scalar_(scale);
     }
+    unpack(grads, &flat);
+}
+
+/// `grads` flattened end to end into one contiguous `f32` tensor `[Σ numel]` on their device:
+/// the bucket a collective sums (in `f32` whatever the gradients' dtype).
+pub fn pack(grads: &[Tensor]) -> Tensor {
+    let flat: Vec<Tensor> = grads
+        .iter()
+        .map(|g| g.to_kind(Kind::Float).flatten(0, -1))
+        .collect();
+    Tensor::cat(&flat, 0)
+}
+
+/// Overwrite `grads` with their values in `flat` (as [`pack`] laid them out), converted to each
+/// gradient's dtype and device.
+pub fn unpack(grads: &[Tensor], flat: &Tensor) {
     let mut offset = 0;
     for g in grads {
         let n = g.numel() as i64;

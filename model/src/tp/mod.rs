@@ -6,6 +6,7 @@
 //! - [`Linear`], [`RmsNorm`], [`LayerNorm`], [`Embedding`], [`ParamDecl`]: what the macro's
 //!   `#[linear]`, `#[norm]`, `#[embedding]` and `#[param]` fields build.
 //! - [`ShardedStore`]: a rank's parameters with gather, load and gradient completion.
+//! - [`staging`]: tensor collectives through host `f32` buffers, and the bytes they stage.
 //! - [`DpGroups`]: the data-parallel group a rank trains in, and its shard groups (HSDP).
 
 mod collective;
@@ -17,13 +18,14 @@ mod linear;
 mod norm;
 mod param;
 mod spec;
+pub mod staging;
 mod store;
 
 pub use collective::{Collective, Finished, Pending, SingleRank};
 pub use context::{CollectiveCounts, TpContext};
 pub use dp_groups::DpGroups;
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};
-pub use grads::{all_reduce_grads, BUCKET_ELEMENTS};
+pub use grads::{all_reduce_grads, pack, unpack, BUCKET_ELEMENTS};
 pub(crate) use linear::shard_var;
 pub use linear::{Linear, LinearDecl, LinearInit};
 pub use norm::{LayerNorm, NormDecl, RmsNorm};
