@@ -1,6 +1,7 @@
 //! `flux-hpc`: train Flux-class diffusion transformers on supercomputers.
 
 mod bench_cmd;
+mod check_collectives;
 mod check_parallel;
 mod ckpt_cmd;
 mod convert_cmd;
@@ -54,6 +55,18 @@ enum Command {
     /// Example: mpirun -np 4 flux-hpc check-parallel configs/flux_tiny.toml \
     ///            --set parallelism.tensor_parallel_size=2
     CheckParallel(check_parallel::CheckParallelArgs),
+    /// Check, under mpirun, every collective of [parallelism] backend on the chosen device.
+    ///
+    /// All-reduce, all-gather, reduce-scatter, broadcast and the non-blocking all-reduce and
+    /// all-gather run over all ranks on f32 and bf16 tensors, and each result is compared with
+    /// the values every rank can compute alone. Prints each one's error, the bytes it staged
+    /// through host memory (0 where the backend moves the tensor where it lies: NCCL on CUDA,
+    /// gloo on the CPU; MPI converts bf16 and copies CUDA tensors) and its time. Fails on any
+    /// wrong value, on every rank.
+    ///
+    /// Example: mpirun -np 2 flux-hpc check-collectives configs/flux_tiny.toml --device cpu \
+    ///            --set parallelism.backend=\"gloo\"
+    CheckCollectives(check_collectives::CheckCollectivesArgs),
     /// Train with flow matching; under mpirun or srun every rank joins (tensor × data parallel).
     ///
     /// Writes metrics.jsonl (step, loss, held-out loss, lr, grad_norm, samples/s, tokens/s, peak
@@ -162,6 +175,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::CheckParallel(args) => check_parallel::run(args),
+        Command::CheckCollectives(args) => check_collectives::run(args),
         Command::Train(args) => train_cmd::run(args),
         Command::Sample(args) => sample_cmd::run(args),
         Command::Ckpt(args) => ckpt_cmd::run(args),
