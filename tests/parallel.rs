@@ -3,10 +3,15 @@
 //! expected all-reduces. flux_tiny: guidance on, 2 joint + 2 single layers, batch 2, a 3×4 token
 //! grid and 5 text tokens; dit_tiny: 4 DiT blocks over 2×2 patches; flux2_tiny: 2 double + 2
 //! single FLUX.2 blocks. Sequence parallelism is checked the same way for all three at TP2.
+//! The TP2 × DP2 layouts and FLUX.1's sequence-parallel check run over c10d gloo groups
+//! (`[parallelism] backend = "gloo"`), the others over MPI.
 
 use std::process::{Command, Output};
 
 const FLUX: &str = "configs/flux_tiny.toml";
+
+/// Collectives through libtorch's c10d gloo groups instead of MPI.
+const GLOO: [&str; 2] = ["--set", "parallelism.backend=\"gloo\""];
 
 /// `mpirun -np N flux-hpc check-parallel CONFIG --set tp=... EXTRA`, bounded in time.
 fn mpirun(config: &str, np: usize, tp: usize, extra: &[&str]) -> Output {
@@ -58,8 +63,9 @@ fn tensor_parallel_two_ranks_matches_one_process() {
 
 #[test]
 fn tensor_two_by_data_two_matches_one_process() {
-    let out = check_passes(FLUX, 4, 2, &[]);
-    assert!(out.contains("(tp 1/2, dp 1/2, flux)"), "{out}");
+    // The groups are c10d gloo groups here (the other layouts run on MPI).
+    let out = check_passes(FLUX, 4, 2, &GLOO);
+    assert!(out.contains("(tp 1/2, dp 1/2, flux, gloo)"), "{out}");
 }
 
 #[test]
@@ -76,7 +82,8 @@ fn sequence_parallel_matches_one_process_for_every_architecture() {
         "--text-len",
         "6",
     ];
-    let out = check_passes(FLUX, 2, 2, &sp);
+    let out = check_passes(FLUX, 2, 2, &[&sp[..], &GLOO].concat());
+    assert!(out.contains("flux, gloo"), "{out}");
     assert!(
         out.contains(
             "all-reduces forward 0 backward 16 grad-sync 1; sequence gathers and reduce-scatters 46"
@@ -131,8 +138,8 @@ fn an_indivisible_layout_fails_on_every_rank_without_hanging() {
 #[test]
 fn dit_tensor_two_by_data_two_matches_one_process() {
     // 4 DiT blocks, two row outputs and two column inputs each; no partial gradients.
-    let out = check_passes("configs/dit_tiny.toml", 4, 2, &[]);
-    assert!(out.contains("(tp 1/2, dp 1/2, dit)"), "{out}");
+    let out = check_passes("configs/dit_tiny.toml", 4, 2, &GLOO);
+    assert!(out.contains("(tp 1/2, dp 1/2, dit, gloo)"), "{out}");
     assert!(
         out.contains("all-reduces forward 8 backward 8 grad-sync 0 (expected 8 8 0)"),
         "{out}"

@@ -7,6 +7,8 @@
 //! modulation on each tensor-parallel rank's slice of the tokens) joins the TP2 × DP2 fully
 //! sharded run in f32 and runs alone against plain TP2 × DP2 in bf16.
 //! The plain TP2 × DP2 run they are held against overlaps its gradient all-reduces with backward.
+//! Three of the runs move their collectives over c10d gloo groups instead of MPI, and report
+//! no bytes staged through host buffers where MPI converts bf16.
 
 mod common;
 
@@ -27,6 +29,8 @@ const SHARDED: &str = "parallelism.sharding=\"optimizer\"";
 const GRADIENTS: &str = "parallelism.sharding=\"gradients\"";
 const FULL: &str = "parallelism.sharding=\"full\"";
 const SEQUENCE_PARALLEL: &str = "parallelism.sequence_parallel=true";
+/// Collectives through libtorch's c10d gloo groups instead of MPI.
+const GLOO: &str = "parallelism.backend=\"gloo\"";
 
 /// Buckets of 64 Ki elements: flux_tiny's 453,584 parameters reduce in 7 buckets and more.
 const SMALL_BUCKETS: &str = "parallelism.bucket_mib=0.25";
@@ -119,6 +123,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         &with(&[
             GRADIENTS,
             SMALL_BUCKETS,
+            GLOO,
             "parallelism.tensor_parallel_size=2",
             "training.micro_batch_size=2",
         ]),
@@ -139,6 +144,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
             FULL,
             SMALL_BUCKETS,
             SEQUENCE_PARALLEL,
+            GLOO,
             "parallelism.tensor_parallel_size=2",
             "training.recompute=true",
         ]),
@@ -249,13 +255,17 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
     assert_same_final(&plain, &grads, "final_ema.safetensors", 1e-3);
 
     // Weights sharded: the same sums as gradient sharding, the bf16 weights gathered from the
-    // f32 master shares.
+    // f32 master shares; over gloo, which sums the bf16 activations of tensor parallelism as
+    // they are where MPI converts them to f32 (with two ranks, the same rounding).
     let full = dir.join("bf16-full");
     ok(&train(
         Some(4),
         &full,
-        &with(&[&bf16[..], &[FULL]].concat()),
+        &with(&[&bf16[..], &[FULL, GLOO]].concat()),
     ));
+    let staged = |dir: &Path| records(dir)[1]["host_staged_mib"].as_f64().unwrap();
+    assert!(staged(&grads) > 0.0, "MPI converts bf16 activations");
+    assert_eq!(staged(&full), 0.0, "gloo moves bf16 tensors as they are");
     assert_same_records(&c, &records(&full), &keys, 1e-6);
     assert_same_final(&grads, &full, "final.safetensors", 0.0);
     std::fs::remove_dir_all(dir).unwrap();

@@ -61,12 +61,18 @@ pub fn train_command_for(config: &str, np: Option<usize>, dir: &Path, extra: &[&
         }
     };
     cmd.args(["train", config, "--device", "cpu", "--set"])
-        .arg(format!("checkpoint.dir=\"{}\"", dir.display()))
-        .args(extra.iter().flat_map(|e| match e.strip_prefix("--") {
-            Some(_) => e.split_whitespace().collect::<Vec<_>>(),
-            None => vec!["--set", e],
-        }))
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        .arg(format!("checkpoint.dir=\"{}\"", dir.display()));
+    // FLUX_TEST_BACKEND=gloo reruns every training test over another collective backend (a
+    // run's own `parallelism.backend` below still wins).
+    if let Ok(backend) = std::env::var("FLUX_TEST_BACKEND") {
+        cmd.arg("--set")
+            .arg(format!("parallelism.backend=\"{backend}\""));
+    }
+    cmd.args(extra.iter().flat_map(|e| match e.strip_prefix("--") {
+        Some(_) => e.split_whitespace().collect::<Vec<_>>(),
+        None => vec!["--set", e],
+    }))
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
     cmd
 }
 
