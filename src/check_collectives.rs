@@ -95,6 +95,22 @@ fn check(group: &dyn Collective, op: &'static str, n: i64, kind: Kind, device: D
             let all = group.start_all_gather(filled(n, mine, kind, device)).wait();
             (all, blocks() + 1.0)
         }
+        "start_reduce_scatter" => {
+            let input = ((blocks() + 1.0) * mine).to_kind(kind).to_device(device);
+            let block = group.start_reduce_scatter(input).wait();
+            let expected = (rank + 1) as f64 * total;
+            (
+                block,
+                Tensor::full([n], expected, (Kind::Double, Device::Cpu)),
+            )
+        }
+        "start_broadcast" => {
+            let t = group.start_broadcast(filled(n, mine, kind, device), (size - 1) as usize);
+            (
+                t.wait(),
+                Tensor::full([n], size as f64, (Kind::Double, Device::Cpu)),
+            )
+        }
         other => unreachable!("no collective {other}"),
     };
     if let Device::Cuda(index) = device {
@@ -132,7 +148,7 @@ pub fn run(args: CheckCollectivesArgs) -> Result<()> {
             args.elements
         );
         println!(
-            "{:<18} {:<9} {:>10} {:>12} {:>10}",
+            "{:<22} {:<9} {:>10} {:>12} {:>10}",
             "collective", "dtype", "max |err|", "host staged", "ms"
         );
     }
@@ -145,11 +161,13 @@ pub fn run(args: CheckCollectivesArgs) -> Result<()> {
             "broadcast",
             "start_all_reduce",
             "start_all_gather",
+            "start_reduce_scatter",
+            "start_broadcast",
         ] {
             let o = check(group, op, args.elements, kind, device);
             if leader {
                 println!(
-                    "{:<18} {:<9} {:>10.1e} {:>10} B {:>10.3}",
+                    "{:<22} {:<9} {:>10.1e} {:>10} B {:>10.3}",
                     o.op,
                     format!("{:?}", o.kind),
                     o.error,

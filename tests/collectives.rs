@@ -58,13 +58,14 @@ fn every_collective_is_exact_over_gloo_and_mpi_and_only_mpi_stages_bf16() {
         assert!(out.status.success(), "{backend}:\n{stdout}\n{stderr}");
         assert!(stdout.contains(&format!("backend {backend}")), "{stdout}");
         let rows = rows(&stdout);
-        // Six collectives (three blocking, broadcast, two non-blocking) × two dtypes.
-        assert_eq!(rows.len(), 12, "{stdout}");
+        // Four collectives, blocking and non-blocking, × two dtypes.
+        assert_eq!(rows.len(), 16, "{stdout}");
         for (op, dtype, staged) in rows {
             match (backend, dtype.as_str()) {
                 ("gloo", _) | (_, "Float") => assert_eq!(staged, 0, "{backend} {op} {dtype}"),
-                // At least the input converted to f32 (1000 elements of 4 bytes) and back.
-                _ => assert!(staged >= 8000, "{op}: MPI staged only {staged} B"),
+                // At least 1000 elements converted to or from f32 (4 bytes each): the input,
+                // the result, or both.
+                _ => assert!(staged >= 4000, "{op}: MPI staged only {staged} B"),
             }
         }
     }

@@ -38,7 +38,7 @@ impl Transport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
-    /// NCCL on CUDA, MPI on the CPU.
+    /// NCCL on CUDA (MPI where this build has no NCCL), MPI on the CPU.
     #[default]
     Auto,
     /// MPI on host `f32` buffers: CPU tensors of other dtypes are converted, CUDA tensors copied
@@ -66,7 +66,7 @@ impl Backend {
     pub fn resolve(self, device: Device) -> Result<Backend, BackendError> {
         let cuda = device.is_cuda();
         match self {
-            Backend::Auto if cuda => Backend::Nccl.resolve(device),
+            Backend::Auto if cuda && crate::c10d::has_nccl() => Ok(Backend::Nccl),
             Backend::Auto => Ok(Backend::Mpi),
             Backend::Nccl if !cuda => Err(BackendError::NcclWithoutCuda { device }),
             Backend::Nccl if !crate::c10d::has_nccl() => Err(BackendError::NcclNotBuilt),

@@ -236,6 +236,13 @@ impl C10dGroup {
             Backend::Nccl => 1,
             other => panic!("{} is not a c10d backend", other.name()),
         };
+        // gloo's waits block this thread, and the watchdog ends a rank that waited past
+        // `timeout` naming it: gloo's own bound is set past that. NCCL's waits return at once
+        // (the stream waits), so NCCL's own watchdog bounds its collectives.
+        let own_timeout = match backend {
+            Backend::Gloo => 2 * timeout,
+            _ => timeout,
+        };
         let prefix = CString::new(name).expect("group names have no NUL");
         // SAFETY: a live store and a NUL-terminated name that outlive the call.
         let group = unsafe {
@@ -245,7 +252,7 @@ impl C10dGroup {
                 code,
                 host.rank() as i32,
                 host.size() as i32,
-                timeout.as_millis() as i64,
+                own_timeout.as_millis() as i64,
             )
         };
         let group = NonNull::new(group).ok_or_else(|| format!("group {name}: {}", last_error()));
@@ -415,6 +422,30 @@ impl Collective for C10dGroup {
         let op = |g| unsafe { flux_c10d_all_gather(g, input.as_ptr(), output.as_ptr()) };
         let work = self.start(op, vec![input.shallow_clone(), output.shallow_clone()]);
         Box::new(work.resulting(output))
+    }
+
+    fn start_reduce_scatter(&self, input: Tensor) -> Box<dyn Pending + '_> {
+        if !self.takes(&input) {
+            return self.host.start_reduce_scatter(input);
+        }
+        let output = input.new_zeros(
+            [input.numel() as i64 / self.size() as i64],
+            (input.kind(), input.device()),
+        );
+        // SAFETY: both tensors move into the handle, which outlives the work.
+        let op = |g| unsafe { flux_c10d_reduce_scatter(g, input.as_ptr(), output.as_ptr()) };
+        let work = self.start(op, vec![input.shallow_clone(), output.shallow_clone()]);
+        Box::new(work.resulting(output))
+    }
+
+    fn start_broadcast(&self, t: Tensor, root: usize) -> Box<dyn Pending + '_> {
+        if !self.takes(&t) {
+            return self.host.start_broadcast(t, root);
+        }
+        // SAFETY: `t` moves into the handle, which outlives the work.
+        let op = |g| unsafe { flux_c10d_broadcast(g, t.as_ptr(), root as i32) };
+        let work = self.start(op, vec![t.shallow_clone()]);
+        Box::new(work.resulting(t))
     }
 }
 

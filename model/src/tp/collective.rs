@@ -73,6 +73,26 @@ pub trait Collective {
         Box::new(Finished(output))
     }
 
+    /// Start summing `input` (`size() · n` elements, contiguous) over the group and keeping
+    /// block `rank()`, as [`Collective::reduce_scatter_into`] does, and return at once where the
+    /// backend can; the handle's [`Pending::wait`] returns the `[n]` block, of `input`'s dtype
+    /// and device.
+    fn start_reduce_scatter(&self, input: Tensor) -> Box<dyn Pending + '_> {
+        let output = input.new_zeros(
+            [input.numel() as i64 / self.size() as i64],
+            (input.kind(), input.device()),
+        );
+        self.reduce_scatter_into(&input, &output);
+        Box::new(Finished(output))
+    }
+
+    /// Start replacing `t` (contiguous) by rank `root`'s `t` and return at once where the
+    /// backend can; the handle's [`Pending::wait`] returns `t`.
+    fn start_broadcast(&self, t: Tensor, root: usize) -> Box<dyn Pending + '_> {
+        self.broadcast(&t, root);
+        Box::new(Finished(t))
+    }
+
     /// How many ranks of the group pass `failed = true` (an all-reduce): every rank learns of a
     /// failure anywhere, so all can stop together instead of one leaving the others in a
     /// collective.
@@ -83,8 +103,7 @@ pub trait Collective {
     }
 }
 
-/// A collective started by [`Collective::start_all_reduce`] or [`Collective::start_all_gather`],
-/// in flight.
+/// A collective started by one of [`Collective`]'s `start_` methods, in flight.
 pub trait Pending {
     /// Let the collective progress without blocking (MPI moves a non-blocking collective along
     /// only inside its calls); whether it has finished.
