@@ -105,60 +105,68 @@ impl ShardLayout {
     }
 }
 
-/// A zero f32 CPU tensor of `n` elements.
-pub(crate) fn host_zeros(n: usize) -> Tensor {
-    Tensor::zeros([n as i64], (Kind::Float, Device::Cpu))
+/// A zero f32 tensor of `n` elements on `device`.
+fn zeros(n: usize, device: Device) -> Tensor {
+    Tensor::zeros([n as i64], (Kind::Float, device))
 }
 
 /// The sum over `dp` of this rank's share of bucket `b`'s gradients (`params[p].grad()` for the
-/// bucket's parameters, zeros where undefined): `[share]` f32 on the CPU, a reduce-scatter.
+/// bucket's parameters, zeros where undefined): `[share]` f32 on the parameters' device, a
+/// reduce-scatter.
 pub(crate) fn reduce_scatter_bucket(
     params: &[Tensor],
     layout: &ShardLayout,
     b: &Bucket,
     dp: &dyn Collective,
 ) -> Tensor {
+    let device = params[b.params.start].device();
     let mut flat: Vec<Tensor> = b
         .params
         .clone()
         .map(|p| {
             let g = params[p].grad();
             match g.defined() {
-                true => g.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1),
-                false => host_zeros(layout.numels[p]),
+                true => g.to_kind(Kind::Float).flatten(0, -1),
+                false => zeros(layout.numels[p], device),
             }
         })
         .collect();
     let total: usize = b.params.clone().map(|p| layout.numels[p]).sum();
-    flat.push(host_zeros(b.share * dp.size() - total));
+    flat.push(zeros(b.share * dp.size() - total, device));
     let flat = Tensor::cat(&flat, 0);
-    let summed = host_zeros(b.share);
+    let summed = zeros(b.share, device);
     dp.reduce_scatter_into(&flat, &summed);
     summed
 }
 
-/// This rank's `parts` of bucket `b` (one tensor per segment, any dtype and device) laid out as
-/// its share: `[share]` f32 on the CPU, zero where the share is padding.
-pub(crate) fn local_share(b: &Bucket, parts: &[Tensor]) -> Tensor {
-    let share = host_zeros(b.share);
+/// This rank's `parts` of bucket `b` (one tensor per segment, any dtype) laid out as its share:
+/// `[share]` f32 on `device`, zero where the share is padding.
+pub(crate) fn local_share(b: &Bucket, parts: &[Tensor], device: Device) -> Tensor {
+    let share = zeros(b.share, device);
     for (s, part) in b.segments.iter().zip(parts) {
         share
             .narrow(0, s.in_share as i64, s.len as i64)
-            .copy_(&part.to_device(Device::Cpu).to_kind(Kind::Float));
+            .copy_(&part.to_device(device).to_kind(Kind::Float));
     }
     share
 }
 
-/// Every rank's `parts` of bucket `b` (this rank's, one tensor per segment, any dtype and device),
-/// all-gathered over `group`: the bucket's elements end to end, `[share · ranks]` f32 on the CPU.
-pub(crate) fn gather_bucket(b: &Bucket, parts: &[Tensor], group: &dyn Collective) -> Tensor {
-    gather_share(&local_share(b, parts), group)
+/// Every rank's `parts` of bucket `b` (this rank's, one tensor per segment, any dtype),
+/// all-gathered over `group`: the bucket's elements end to end, `[share · ranks]` f32 on
+/// `device`.
+pub(crate) fn gather_bucket(
+    b: &Bucket,
+    parts: &[Tensor],
+    group: &dyn Collective,
+    device: Device,
+) -> Tensor {
+    gather_share(&local_share(b, parts, device), group)
 }
 
-/// Every rank's `share` (`[share]` f32 on the CPU, from [`local_share`]) all-gathered over
-/// `group`, in rank order.
+/// Every rank's `share` (`[share]` f32, from [`local_share`]) all-gathered over `group`, in rank
+/// order, on the share's device.
 pub(crate) fn gather_share(share: &Tensor, group: &dyn Collective) -> Tensor {
-    let full = host_zeros(share.numel() * group.size());
+    let full = zeros(share.numel() * group.size(), share.device());
     group.all_gather_into(share, &full);
     full
 }

@@ -265,7 +265,7 @@ impl<'a> ShardedAdamW<'a> {
             if !wanted(i) {
                 continue;
             }
-            let full = gather_bucket(b, parts, self.shard);
+            let full = gather_bucket(b, parts, self.shard, self.params[b.params.start].device());
             let mut start = 0;
             for p in b.params.clone() {
                 let n = self.layout.numels[p];

@@ -150,7 +150,7 @@ impl<'a> Residency<'a> {
             .iter()
             .map(|s| self.masters.narrow(0, s.in_state as i64, s.len as i64))
             .collect();
-        local_share(bucket, &parts)
+        local_share(bucket, &parts, self.masters.device())
     }
 
     /// Fill bucket `b`'s weights from `full`, its gathered elements end to end.
