@@ -15,6 +15,11 @@ const GLOO: [&str; 2] = ["--set", "parallelism.backend=\"gloo\""];
 
 /// `mpirun -np N flux-hpc check-parallel CONFIG --set tp=... EXTRA`, bounded in time.
 fn mpirun(config: &str, np: usize, tp: usize, extra: &[&str]) -> Output {
+    // FLUX_TEST_BACKEND=gloo reruns every layout over another backend (a check's own
+    // `parallelism.backend` still wins).
+    let backend = std::env::var("FLUX_TEST_BACKEND")
+        .map(|b| vec!["--set".to_string(), format!("parallelism.backend=\"{b}\"")])
+        .unwrap_or_default();
     Command::new("timeout")
         .args([
             "300",
@@ -28,6 +33,7 @@ fn mpirun(config: &str, np: usize, tp: usize, extra: &[&str]) -> Output {
         .arg(env!("CARGO_BIN_EXE_flux-hpc"))
         .args(["check-parallel", config, "--set"])
         .arg(format!("parallelism.tensor_parallel_size={tp}"))
+        .args(backend)
         .args(extra)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
