@@ -98,6 +98,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             tp = world.tp.size(),
             sequence_parallel = world.tp.sequence_parallel(),
             dp = world.dp.size(),
+            backend = transport.backend.name(),
             ?device,
             architecture = run.model.architecture(),
             params = run.model.num_params(),
