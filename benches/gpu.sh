@@ -2,8 +2,9 @@
 # flux_535m at 1024×1024 (4096 image + 512 text tokens) in bf16 on one CUDA GPU: samples/s and
 # model FLOPs utilisation of a training step and of a forward pass, against the same GPU's
 # measured bf16 matmul rate, and the step's peak tensor memory against `flux-hpc plan`; then the encoders on the GPU (T5 parity in f32 and bf16, `data
-# encode` throughput against diffusers + transformers), and fully sharded training of two ranks
-# sharing the GPU against one process. Prints a table and three reports.
+# encode` throughput against diffusers + transformers), fully sharded training of two ranks
+# sharing the GPU against one process, and NCCL through c10d (every collective on CUDA tensors,
+# nothing staged through host memory). Prints a table and four reports.
 #
 #   bash benches/gpu.sh                   # MICRO=8 STEPS=10
 #
@@ -63,7 +64,8 @@ DEVICE=cuda IMAGES=${ENCODE_IMAGES:-32} SIZE=1024 BATCH=8 ROUNDS=2 bash benches/
 
 # Sharded weights on the GPU: flux_tiny trained 5 steps as one process and as two ranks sharing
 # the GPU with `sharding = "full"` (weights released in place and refilled by the CUDA caching
-# allocator, per-layer gathers, gradient hooks on device tensors); the losses must agree.
+# allocator, per-layer gathers, gradient hooks on device tensors); the losses must agree. Over
+# MPI: NCCL takes one rank per GPU.
 echo
 echo "sharding = \"full\" on cuda, 2 ranks against 1 (bound: 1e-4 relative):"
 run=$(mktemp -d /tmp/flux-gpu-sharding.XXXX)
@@ -72,7 +74,8 @@ tiny=(configs/flux_tiny.toml --device cuda --set training.total_steps=5
 "$BIN" train "${tiny[@]}" --set checkpoint.dir=\""$run/one"\" >/dev/null 2>&1
 mpirun --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none -np 2 \
     "$BIN" train "${tiny[@]}" \
-    --set checkpoint.dir=\""$run/full"\" --set parallelism.sharding=\"full\" >/dev/null 2>&1
+    --set checkpoint.dir=\""$run/full"\" --set parallelism.sharding=\"full\" \
+    --set parallelism.backend=\"mpi\" >/dev/null 2>&1
 python3 - "$run" <<'PY'
 import json, sys
 def losses(d):
@@ -82,3 +85,24 @@ worst = max(abs(a - b) / max(abs(a), 1.0) for (_, a), (_, b) in zip(one, full))
 print(f"steps {len(one)} and {len(full)}, largest relative loss difference {worst:.1e}",
       "ok" if len(one) == len(full) == 5 and worst <= 1e-4 else "FAILED")
 PY
+
+# NCCL through libtorch's c10d on a world of one: every collective on f32 and bf16 CUDA tensors
+# checked against the expected values (the command fails otherwise), with no byte staged through
+# host memory; MPI on the same tensors for contrast (it copies them through the host); then the
+# bytes a training step staged under NCCL, which must be 0.
+echo
+echo "NCCL (c10d ProcessGroupNCCL) on cuda, a world of one:"
+one=(mpirun --allow-run-as-root -np 1)
+"${one[@]}" "$BIN" check-collectives configs/flux_tiny.toml --device cuda \
+    --set parallelism.backend=\"nccl\" 2>&1 | grep -v "^\["
+echo "the same over MPI (host staging):"
+"${one[@]}" "$BIN" check-collectives configs/flux_tiny.toml --device cuda \
+    --set parallelism.backend=\"mpi\" 2>&1 | grep "host staged in all"
+"${one[@]}" "$BIN" bench step configs/flux_tiny.toml --device cuda --steps 3 --warmup 1 \
+    --set parallelism.backend=\"nccl\" 2>/dev/null | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+staged, backend = r["host_staged_mib_per_step"], r["backend"]
+print(f"training step over {backend}: {staged} MiB staged through host memory",
+      "ok" if backend == "nccl" and staged == 0 else "FAILED")
+'
