@@ -92,7 +92,8 @@ impl Store {
         timeout: Duration,
     ) -> Result<Self, BackendError> {
         let leader = world.rank() == 0;
-        let mut address = [0u8; 256];
+        // A host name (at most 253 bytes), a colon and a port.
+        let mut address = [0u8; 512];
         let mut opened = None;
         if leader {
             let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| hostname());
