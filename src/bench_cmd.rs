@@ -12,6 +12,7 @@ use flux_data::dataset::LatentDataset;
 use flux_model::tp::staging;
 use flux_model::{tensor_memory, DiffusionBatch, DiffusionModel};
 use flux_train::metrics::{peak_rss_mib, rss_mib};
+use flux_train::units::mib;
 use flux_train::{build_model, RunConfig, Trainer};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
@@ -236,11 +237,6 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
     });
     println!("{out}");
     Ok(())
-}
-
-/// Bytes in MiB.
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
 }
 
 fn matmul(args: MatmulArgs) -> Result<()> {

@@ -10,7 +10,7 @@ use flux_data::convert::{convert, Format};
 use flux_data::dataset::StorageDtype;
 use flux_model::convert::Layout;
 use flux_train::metrics::peak_rss_mib;
-use flux_train::RunConfig;
+use flux_train::{units, RunConfig};
 
 /// A checkpoint format on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,7 +104,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
     )?;
     let layout = run.model.param_specs(1);
     let largest = layout.iter().map(|p| p.numel()).max().unwrap_or(0);
-    let mib = |n: u64| n as f64 * 4.0 / (1 << 20) as f64;
+    let mib = |n: u64| units::mib(n * 4);
     println!("written           {}", report.output.display());
     println!(
         "tensors           {} ({} parameters)",

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use flux_train::RunConfig;
+use flux_train::{units, RunConfig};
 
 use crate::ConfigArgs;
 
@@ -35,7 +35,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         "parameters        {} ({:.3} B, {:.1} GiB in f32)",
         group_digits(total),
         total as f64 / 1e9,
-        total as f64 * 4.0 / (1u64 << 30) as f64
+        units::gib(total * 4)
     );
     if args.params {
         for p in &layout {

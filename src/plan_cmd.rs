@@ -7,6 +7,7 @@ use flux_model::activations::Kernels;
 use flux_train::memory_plan::{
     candidate_layouts, largest_micro_batch, predict, Layout, RankMemory,
 };
+use flux_train::units::gib;
 use flux_train::{RunConfig, Sharding};
 use serde_json::json;
 
@@ -73,10 +74,6 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         }
     };
     Ok((value * scale as f64) as u64)
-}
-
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
 }
 
 fn describe(layout: &Layout) -> String {

@@ -12,6 +12,7 @@ use flux_cluster::slurm::{self, render, JobSpec};
 use flux_data::checkpoint;
 use flux_model::activations::Kernels;
 use flux_train::memory_plan::{predict, Layout};
+use flux_train::units;
 use flux_train::RunConfig;
 use serde::{Deserialize, Serialize};
 
@@ -112,14 +113,11 @@ fn check_layout(run: &RunConfig, what: &str) -> Result<()> {
              it: parallelism.{e}"
         )
     })?;
-    let kernels = match run.slurm.gpus_per_node {
-        0 => Kernels::Composite,
-        _ => Kernels::Fused,
-    };
+    let kernels = Kernels::on_gpu(run.slurm.gpus_per_node > 0);
     if let Ok(memory) = predict(run, &layout, kernels) {
         eprintln!(
             "{what}: planned peak of each rank's tensors {:.2} GiB, during the {} (flux-hpc plan)",
-            memory.peak() as f64 / (1u64 << 30) as f64,
+            units::gib(memory.peak()),
             memory.peak_phase().phase.name()
         );
     }

@@ -13,6 +13,7 @@ use flux_model::activations::Kernels;
 use flux_model::tp::Collective;
 use flux_train::memory_plan::{predict, Layout};
 use flux_train::metrics::{plot_loss_curve, StepRecord};
+use flux_train::units;
 use flux_train::{
     starting_checkpoint, Cadence, CheckpointFormat, RunConfig, RunLog, SampleGrid, StartPolicy,
     StepError, Trainer,
@@ -41,17 +42,14 @@ pub struct TrainArgs {
 
 /// Log what `flux-hpc plan` predicts for this run's layout: each rank's tensors at their peak.
 fn log_planned_memory(run: &RunConfig, ranks: usize, device: Device) {
-    let kernels = match device {
-        Device::Cpu => Kernels::Composite,
-        _ => Kernels::Fused,
-    };
+    let kernels = Kernels::on_gpu(device != Device::Cpu);
     let planned = Layout::of(run, ranks).and_then(|layout| predict(run, &layout, kernels));
     match planned {
         Ok(memory) => tracing::info!(
             state_mib = memory.state() >> 20,
             phase = memory.peak_phase().phase.name(),
             "planned peak of each rank's tensors: {:.1} MiB (flux-hpc plan)",
-            memory.peak() as f64 / (1u64 << 20) as f64
+            units::mib(memory.peak())
         ),
         Err(e) => tracing::debug!("no memory plan: {e}"),
     }
@@ -195,7 +193,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 stats.skipped,
             );
             r.grad_reduce_overlap_s = stats.overlap.map(|o| o.overlapped_s);
-            r.host_staged_mib = Some(stats.host_staged_bytes as f64 / (1u64 << 20) as f64);
+            r.host_staged_mib = Some(units::mib(stats.host_staged_bytes));
             tracing::debug!(
                 step,
                 loss = stats.loss,

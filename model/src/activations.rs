@@ -48,6 +48,16 @@ pub enum Kernels {
     Fused,
 }
 
+impl Kernels {
+    /// Fused on a GPU, composite on the CPU.
+    pub fn on_gpu(gpu: bool) -> Self {
+        match gpu {
+            true => Kernels::Fused,
+            false => Kernels::Composite,
+        }
+    }
+}
+
 impl Saved {
     /// `per_row` elements per row of `rows`, divided as `width` says.
     pub fn new(rows: Rows, per_row: f64, width: Width) -> Self {

@@ -36,6 +36,7 @@ pub mod step_data;
 pub mod tensorboard;
 pub mod timesteps;
 mod trainer;
+pub mod units;
 
 pub use adapter_file::{merge_adapter_file, read_adapter_file};
 pub use base_weights::load_base;

@@ -26,7 +26,6 @@ use flux_model::ConfigError;
 
 use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
 use crate::run_config::{RunConfig, Sharding};
-use crate::sections::Precision;
 use crate::shard_layout::{Bucket, ShardLayout};
 use crate::sharded_params::layer_of;
 
@@ -384,10 +383,7 @@ pub fn predict(
             "plan covers full training; runs with [lora] are not planned yet".to_string(),
         ));
     }
-    let elt = match run.training.precision {
-        Precision::Fp32 => 4u64,
-        Precision::Bf16 => 2,
-    };
+    let elt = run.training.precision.kind().elt_size_in_bytes() as u64;
     let sharding = layout.sharding;
     let shard_grads = matches!(sharding, Sharding::Gradients | Sharding::Full);
     let full = sharding == Sharding::Full;

@@ -21,6 +21,16 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// The dtype of the weights and activations.
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Precision::Fp32 => tch::Kind::Float,
+            Precision::Bf16 => tch::Kind::BFloat16,
+        }
+    }
+}
+
 /// What a step whose loss or gradient norm is NaN or infinite does (`[training] nonfinite`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -137,11 +137,7 @@ pub fn build_model(
 ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
     let t = &run.training;
     tch::manual_seed(t.seed as i64);
-    let kind = match t.precision {
-        Precision::Fp32 => Kind::Float,
-        Precision::Bf16 => Kind::BFloat16,
-    };
-    let model = run.model.build_as(device, kind, tp)?;
+    let model = run.model.build_as(device, t.precision.kind(), tp)?;
     model.set_recompute(t.recompute);
     Ok(model)
 }
@@ -654,6 +650,6 @@ impl<'a> Trainer<'a> {
     pub fn peak_tensor_mib(&self) -> Option<f64> {
         tensor_memory::tensor_bytes(self.device)
             .ok()
-            .map(|b| b.peak as f64 / (1u64 << 20) as f64)
+            .map(|b| crate::units::mib(b.peak))
     }
 }
