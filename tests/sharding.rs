@@ -228,8 +228,9 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
 
     // Sequence parallelism on the plain layout: the same arithmetic per token (the first loss is
     // equal), but each rank rounds its half of the tokens' modulation and bias gradients to
-    // bf16 before the group sums them: the first norm moves by ~5e-5 (relative), five steps by
-    // ~3e-4, the f32 EMA by 1.6e-4 (measured).
+    // bf16 before the group sums them: the first norms move by 5e-5 to 1.1e-4 (relative,
+    // measured on two machines of this project's kind: which elements round the other way
+    // differs), five steps by ~3e-4, the f32 EMA by 1.6e-4.
     let sequence = dir.join("bf16-sequence");
     ok(&train(
         Some(4),
@@ -237,7 +238,7 @@ fn sharded_optimizer_and_gradients_train_as_plain_data_parallelism_and_resume_un
         &with(&[&bf16[..], &[SEQUENCE_PARALLEL]].concat()),
     ));
     let d = records(&sequence);
-    assert_same_records(&a[..2], &d[..2], &keys, 1e-4);
+    assert_same_records(&a[..2], &d[..2], &keys, 3e-4);
     assert_same_records(&a, &d, &keys, 1e-3);
     assert_same_final(&plain, &sequence, "final.safetensors", 1.0 / 128.0);
     assert_same_final(&plain, &sequence, "final_ema.safetensors", 1e-3);
