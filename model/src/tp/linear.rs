@@ -6,7 +6,7 @@ use tch::nn::Path;
 use tch::Tensor;
 
 use crate::lora::Adapter;
-use crate::tp::{GradSync, ParamSpec, Pass, Shard, TpContext};
+use crate::tp::{creation, GradSync, ParamSpec, Pass, Shard, TpContext};
 
 /// How a linear's weight starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,8 @@ impl LinearDecl {
     }
 }
 
-/// Create `p.{leaf}` holding this rank's shard of a logical tensor made by `init`.
+/// Create `p.{leaf}` holding this rank's shard of a logical tensor made by `init`, and tell the
+/// running [`creation::while_creating`] hook, if any.
 pub(crate) fn shard_var(
     p: &Path,
     spec: &ParamSpec,
@@ -96,7 +97,10 @@ pub(crate) fn shard_var(
 ) -> Tensor {
     let leaf = spec.name.rsplit('.').next().expect("non-empty name");
     let full = tch::no_grad(|| init(&spec.shape));
-    p.var_copy(leaf, &spec.shard_of(&full, tp.rank()))
+    let var = p.var_copy(leaf, &spec.shard_of(&full, tp.rank()));
+    let name: Vec<&str> = p.components().chain([leaf]).collect();
+    creation::created(&name.join("."), &var);
+    var
 }
 
 /// A dense layer holding this rank's shard, optionally with a low-rank adapter.

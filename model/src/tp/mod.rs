@@ -6,11 +6,13 @@
 //! - [`Linear`], [`RmsNorm`], [`LayerNorm`], [`Embedding`], [`ParamDecl`]: what the macro's
 //!   `#[linear]`, `#[norm]`, `#[embedding]` and `#[param]` fields build.
 //! - [`ShardedStore`]: a rank's parameters with gather, load and gradient completion.
+//! - [`creation`]: a hook on each parameter as a model is built.
 //! - [`staging`]: tensor collectives through host `f32` buffers, and the bytes they stage.
 //! - [`DpGroups`]: the data-parallel group a rank trains in, and its shard groups (HSDP).
 
 mod collective;
 mod context;
+pub mod creation;
 mod dp_groups;
 mod embedding;
 mod grads;
