@@ -147,6 +147,12 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         .to_kind(model.kind());
         Work::Forward(model, batch)
     };
+    // The top of building the model: before the optimizer and any step (a forward pass's
+    // batch included).
+    let build_peak = match &work {
+        Work::Step(trainer) => trainer.build_peak_bytes(),
+        Work::Forward(..) => tensor_memory::tensor_bytes(device).ok().map(|b| b.peak),
+    };
     let samples = if train {
         t.global_batch_size
     } else {
@@ -234,6 +240,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "peak_rss_mib": peak_rss_mib(),
         "baseline_rss_mib": baseline_rss,
         "peak_tensor_mib": tensor_memory::tensor_bytes(device).ok().map(|b| mib(b.peak)),
+        "build_peak_tensor_mib": build_peak.map(mib),
     });
     println!("{out}");
     Ok(())

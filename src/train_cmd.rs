@@ -72,6 +72,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
     prepare_run_dir(dir, world.world.as_ref())?;
 
     let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp_groups())?;
+    if let Some(bytes) = trainer.build_peak_bytes() {
+        tracing::info!(
+            "model built: peak of this rank's tensors {:.1} MiB",
+            units::mib(bytes)
+        );
+    }
     let policy = StartPolicy {
         resume: run.checkpoint.resume,
         force: args.force,

@@ -49,7 +49,8 @@ fn plan(config: &str, args: &[&str], overrides: &[String]) -> Value {
 const MIB: f64 = (1 << 20) as f64;
 
 /// The acceptance: within 15% at every sharding level (measured: 0.96–0.99 of the
-/// measured peak; the misses are allocations outside the model, such as autograd's own).
+/// measured peak; the misses are allocations outside the model, such as autograd's own), and
+/// the build's own peak too.
 #[test]
 fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
     let mut misses = Vec::new();
@@ -60,6 +61,7 @@ fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
             Some("training.micro_batch_size=1"),
         ),
     ] {
+        let mut builds = Vec::new();
         for sharding in ["none", "optimizer", "gradients", "full"] {
             let mut overrides = vec![format!("parallelism.sharding=\"{sharding}\"")];
             overrides.extend(extra.map(String::from));
@@ -85,7 +87,27 @@ fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
             if !(0.85..=1.15).contains(&ratio) {
                 misses.push(format!("{config} {sharding}: {ratio:.3}"));
             }
+            // The build, to the end of creating the model, within the same bound (measured
+            // 0.94–1.00).
+            let build = memory["phases"][0]["total"].as_f64().unwrap() / MIB;
+            assert_eq!(memory["phases"][0]["phase"], "build");
+            let build_measured = measured["build_peak_tensor_mib"].as_f64().unwrap();
+            let ratio = build / build_measured;
+            eprintln!("  build: predicted {build:.2} MiB, measured {build_measured:.2} MiB");
+            if !(0.85..=1.15).contains(&ratio) {
+                misses.push(format!("{config} {sharding} build: {ratio:.3}"));
+            }
+            builds.push(build_measured);
         }
+        // Under "full" a layer's weights are given back as soon as their share is in the f32
+        // masters, so building holds less than the whole f32 model the other levels hold (at
+        // DP 2 the masters alone are half of it; measured 0.74 and 0.70 of it).
+        assert!(
+            builds[3] < 0.8 * builds[0],
+            "{config}: full sharding built at {} MiB, the whole model at {} MiB",
+            builds[3],
+            builds[0]
+        );
     }
     assert!(
         misses.is_empty(),
@@ -142,11 +164,13 @@ fn the_large_configs_fit_eight_gpus_only_sharded_or_split() {
             !fits.iter().any(|f| f.starts_with("tp1 \"none\"")),
             "{fits:?}"
         );
-        // Fully sharded with recomputation at TP 2 does.
-        assert!(
-            fits.contains(&"tp2 \"full\" recompute=true".to_string()),
-            "{fits:?}"
-        );
+        // Fully sharded with recomputation at TP 2 does, and at TP 1: building gives each
+        // layer's weights back as they are created, so no rank holds a whole model (which left
+        // FLUX.2 at TP 1 off 80 GiB GPUs).
+        for tp in [1, 2] {
+            let layout = format!("tp{tp} \"full\" recompute=true");
+            assert!(fits.contains(&layout), "{config}: {layout} in {fits:?}");
+        }
         let layouts = p["layouts"].as_array().unwrap();
         // TP 1, 2, 4, 8: four sharding levels where DP ≥ 2, none at DP 1; with and without
         // recomputation.

@@ -131,13 +131,15 @@ pub(crate) fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64
 
 /// The optimizer of `store`'s trainable parameters for data-parallel groups `groups`, sharded
 /// and bucketed as `parallelism` says; `layers` are the model's
-/// ([`flux_model::DiffusionModel::layers`]), whose weights full sharding gives back at once.
+/// ([`flux_model::DiffusionModel::layers`]), whose weights full sharding gives back at once;
+/// `built`, under full sharding, the masters taken while the model was built (`[owned]` f32).
 pub fn dp_optimizer<'a>(
     store: &ShardedStore,
     config: &OptimizationConfig,
     parallelism: &ParallelismConfig,
     groups: DpGroups<'a>,
     layers: &[String],
+    built: Option<Tensor>,
 ) -> Box<dyn DpOptimizer + 'a> {
     let dp = groups.all;
     let bucket = parallelism.bucket_elements();
@@ -171,7 +173,7 @@ pub fn dp_optimizer<'a>(
             })
         }
         level => Box::new(ShardedAdamW::new(
-            store, config, groups, bucket, level, layers,
+            store, config, groups, bucket, level, layers, built,
         )),
     }
 }

@@ -30,6 +30,7 @@ pub mod scheduler;
 mod sections;
 mod shard_layout;
 mod sharded_adamw;
+mod sharded_build;
 mod sharded_grads;
 mod sharded_params;
 pub mod step_data;

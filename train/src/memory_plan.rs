@@ -21,12 +21,12 @@
 //! are not tensors and are left to the headroom.
 
 use flux_model::activations::{bytes_of, ActivationShape, Kernels, Saved};
-use flux_model::tp::{GradSync, ParamSpec};
+use flux_model::tp::ParamSpec;
 use flux_model::ConfigError;
 
 use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
 use crate::run_config::{RunConfig, Sharding};
-use crate::shard_layout::{Bucket, ShardLayout};
+use crate::shard_layout::{Bucket, ParamOrder, ShardLayout};
 use crate::sharded_params::layer_of;
 
 /// One way to lay a run out over the ranks.
@@ -78,9 +78,10 @@ impl Layout {
 /// A moment of training where a rank's memory may peak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Building the model and the optimizer: every weight of the rank's tensor-parallel shard
-    /// is created whole in the training dtype (each initialised whole in f32 first), and under
-    /// full sharding the f32 masters are taken from them before the layers are given back.
+    /// Building the model: every weight of the rank's tensor-parallel shard is initialised
+    /// whole in f32 and kept in the training dtype; under full sharding the f32 masters exist
+    /// from the start, take each weight's share as it is created, and a layer's weights are
+    /// given back at once (the state the optimizer then adds is counted in the other phases).
     Build,
     /// While backward runs through the layers.
     Backward,
@@ -169,35 +170,17 @@ struct Trained {
 
 impl Trained {
     fn new(run: &RunConfig, layout: &Layout, layer_names: &[&str]) -> Self {
-        let shard_grads = matches!(layout.sharding, Sharding::Gradients | Sharding::Full);
-        let late =
-            |s: &ParamSpec| shard_grads && layout.tp > 1 && s.grad_sync == GradSync::SumOverGroup;
-        let (mut specs, late): (Vec<ParamSpec>, Vec<ParamSpec>) = run
-            .model
-            .param_specs(layout.tp as i64)
-            .into_iter()
-            .partition(|s| !late(s));
-        let early = specs.len();
-        specs.extend(late);
-        let numels: Vec<usize> = specs
-            .iter()
-            .map(|s| s.local_shape().iter().product::<i64>() as usize)
-            .collect();
+        let all = run.model.param_specs(layout.tp as i64);
+        let cap = run.parallelism.bucket_elements();
+        let order = ParamOrder::new(&all, layout.tp, layout.sharding, cap, layout.shards(), 0);
+        let specs: Vec<ParamSpec> = order.spec_of.iter().map(|&i| all[i].clone()).collect();
+        let numels = order.layout.numels.clone();
         let layer: Vec<Option<usize>> = specs
             .iter()
             .map(|s| layer_of(&s.name).and_then(|l| layer_names.iter().position(|&n| n == l)))
             .collect();
         let first_in_layer = layer.iter().position(Option::is_some).unwrap_or(0);
-        // Under full sharding each layer's weights sit in buckets of their own.
-        let mut splits = vec![early];
-        if layout.sharding == Sharding::Full {
-            splits.extend(
-                (1..specs.len())
-                    .filter(|&i| layer_of(&specs[i].name) != layer_of(&specs[i - 1].name)),
-            );
-        }
-        let cap = run.parallelism.bucket_elements();
-        let buckets = ShardLayout::new(numels.clone(), cap, layout.shards(), 0, &splits);
+        let buckets = order.layout;
         Self {
             specs,
             numels,
@@ -450,15 +433,24 @@ pub fn predict(
         Sharding::Gradients | Sharding::Full => share + gather,
     };
 
-    // Building: the rank's whole shard in the training dtype, and either the largest weight
-    // being initialised (whole, in f32) or, under full sharding, the masters taken from it all.
-    let largest_whole = trained
-        .specs
-        .iter()
-        .map(ParamSpec::numel)
-        .max()
-        .unwrap_or(0);
-    let build = params * elt + (4 * largest_whole).max(if full { 4 * owned } else { 0 });
+    // Building: each weight is initialised whole in f32, then kept as this rank's shard in the
+    // training dtype. Under full sharding the f32 masters exist first and a layer's weight is
+    // given back once its share is in them, so only the weights outside layers accumulate;
+    // otherwise the whole shard does.
+    let in_layer = |i: usize| layer_of(&trained.specs[i].name).is_some();
+    let creating = |i: usize| {
+        let kept = if full && in_layer(i) {
+            elt * trained.numels[i] as u64
+        } else {
+            0
+        };
+        4 * trained.specs[i].numel() + kept
+    };
+    let largest_creation = (0..trained.specs.len()).map(creating).max().unwrap_or(0);
+    let build = match full {
+        true => 4 * owned + elt * trained.sum(|i| !in_layer(i)) + largest_creation,
+        false => params * elt + largest_creation,
+    };
     let during = |phase, activations, transient| PhasePeak {
         phase,
         activations,

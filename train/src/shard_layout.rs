@@ -8,8 +8,11 @@
 
 use std::ops::Range;
 
-use flux_model::tp::Collective;
+use flux_model::tp::{Collective, GradSync, ParamSpec};
 use tch::{Device, Kind, Tensor};
+
+use crate::run_config::Sharding;
+use crate::sharded_params::layer_of;
 
 /// The part of one parameter in this rank's share of its bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +105,57 @@ impl ShardLayout {
 
     pub(crate) fn segments(&self) -> impl Iterator<Item = &Segment> {
         self.buckets.iter().flat_map(|b| b.segments.iter())
+    }
+}
+
+/// The trained parameters in the order the optimizer keeps them, cut into buckets and shares:
+/// one answer for the optimizer ([`crate::ShardedAdamW`]), the build of a fully sharded model
+/// and the memory plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParamOrder {
+    /// The spec index of each parameter, in the optimizer's order: spec order, except that
+    /// under sharded gradients with tensor parallelism the gradients the tensor-parallel group
+    /// sums after backward come last, in buckets of their own (they are reduced after it).
+    pub(crate) spec_of: Vec<usize>,
+    /// How many parameters precede those.
+    pub(crate) early: usize,
+    /// The buckets (under `"full"`, a layer's parameters in buckets of their own, [`layer_of`])
+    /// and this rank's shares.
+    pub(crate) layout: ShardLayout,
+}
+
+impl ParamOrder {
+    /// The parameters of `specs` (a rank's, at tensor-parallel size `tp`) sharded at `level`
+    /// over `ranks` replicas, in buckets of at most `cap` elements, seen from `rank`.
+    pub(crate) fn new(
+        specs: &[ParamSpec],
+        tp: usize,
+        level: Sharding,
+        cap: usize,
+        ranks: usize,
+        rank: usize,
+    ) -> Self {
+        let shard_grads = matches!(level, Sharding::Gradients | Sharding::Full);
+        let late =
+            |i: &usize| shard_grads && tp > 1 && specs[*i].grad_sync == GradSync::SumOverGroup;
+        let (mut spec_of, late): (Vec<usize>, Vec<usize>) =
+            (0..specs.len()).partition(|i| !late(i));
+        let early = spec_of.len();
+        spec_of.extend(late);
+        let mut splits = vec![early];
+        if level == Sharding::Full {
+            let layer = |i: usize| layer_of(&specs[spec_of[i]].name);
+            splits.extend((1..spec_of.len()).filter(|&i| layer(i) != layer(i - 1)));
+        }
+        let numels = spec_of
+            .iter()
+            .map(|&i| specs[i].local_shape().iter().product::<i64>() as usize)
+            .collect();
+        Self {
+            layout: ShardLayout::new(numels, cap, ranks, rank, &splits),
+            spec_of,
+            early,
+        }
     }
 }
 
@@ -223,6 +277,38 @@ mod tests {
         };
         assert_eq!(params(&[2]), [0..2, 2..3, 3..4]);
         assert_eq!(params(&[1, 2]), [0..1, 1..2, 2..3, 3..4]);
+    }
+
+    fn spec(name: &str, shape: Vec<i64>, sync: GradSync) -> ParamSpec {
+        ParamSpec {
+            grad_sync: sync,
+            ..ParamSpec::replicated(name.into(), shape, 2)
+        }
+    }
+
+    #[test]
+    fn the_order_puts_group_summed_gradients_last_and_layers_in_buckets_of_their_own() {
+        let specs = [
+            spec("x_embedder.weight", vec![4], GradSync::Complete),
+            spec("layers.0.norm.weight", vec![2], GradSync::SumOverGroup),
+            spec("layers.0.proj.weight", vec![3], GradSync::Complete),
+            spec("layers.1.proj.weight", vec![3], GradSync::Complete),
+        ];
+        let order = |level, tp| ParamOrder::new(&specs, tp, level, 100, 2, 0);
+        // Plain order, one bucket, where gradients are not sharded or there is no group.
+        for (level, tp) in [(Sharding::Optimizer, 2), (Sharding::Full, 1)] {
+            assert_eq!(order(level, tp).spec_of, [0, 1, 2, 3]);
+        }
+        assert_eq!(order(Sharding::Optimizer, 2).layout.buckets.len(), 1);
+        let gradients = order(Sharding::Gradients, 2);
+        assert_eq!((gradients.spec_of, gradients.early), (vec![0, 2, 3, 1], 3));
+        let buckets = |o: ParamOrder| -> Vec<Range<usize>> {
+            o.layout.buckets.iter().map(|b| b.params.clone()).collect()
+        };
+        assert_eq!(buckets(order(Sharding::Gradients, 2)), [0..3, 3..4]);
+        // Under "full" each layer apart: the embedder, layer 0's, layer 1's, the late norm.
+        assert_eq!(buckets(order(Sharding::Full, 2)), [0..1, 1..2, 2..3, 3..4]);
+        assert_eq!(buckets(order(Sharding::Full, 1)), [0..1, 1..3, 3..4]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::rc::Rc;
 
 use flux_data::checkpoint::{DpParts, OptimizerState};
 use flux_model::residency::{install, Installation};
-use flux_model::tp::{Collective, DpGroups, GradSync, ShardedStore};
+use flux_model::tp::{Collective, DpGroups, ShardedStore};
 use tch::{Device, Kind, Tensor};
 
 use crate::data_parallel::{all_finite, bytes_of, nonfinite_param_grads, DpOptimizer};
@@ -31,9 +31,11 @@ use crate::grad_hooks::OverlapReport;
 use crate::optim::{clip_coefficient, named_params};
 use crate::run_config::Sharding;
 use crate::sections::OptimizationConfig;
-use crate::shard_layout::{gather_bucket, reduce_scatter_bucket, sum_over, Segment, ShardLayout};
+use crate::shard_layout::{
+    gather_bucket, reduce_scatter_bucket, sum_over, ParamOrder, Segment, ShardLayout,
+};
 use crate::sharded_grads::GradShard;
-use crate::sharded_params::{layer_of, ShardedParams};
+use crate::sharded_params::ShardedParams;
 
 /// Borrows of every tensor of `ts`.
 fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
@@ -82,7 +84,9 @@ impl<'a> ShardedAdamW<'a> {
     /// Shard the optimizer of `store`'s trainable parameters over `groups.shard` (replicated
     /// over `groups.across`), in buckets of at most `bucket` elements; and as `level` says, their
     /// gradients and the weights themselves (under `"full"`, those of the model's `layers`,
-    /// [`flux_model::DiffusionModel::layers`], given back at once).
+    /// [`flux_model::DiffusionModel::layers`], given back at once). `built`: under `"full"`, the
+    /// masters `ShardedBuild` took while the model was built (whose layers' weights it gave
+    /// back then); else the masters are taken from the weights here.
     pub fn new(
         store: &ShardedStore,
         config: &OptimizationConfig,
@@ -90,19 +94,23 @@ impl<'a> ShardedAdamW<'a> {
         bucket: usize,
         level: Sharding,
         layers: &[String],
+        built: Option<Tensor>,
     ) -> Self {
         let shard_grads = matches!(level, Sharding::Gradients | Sharding::Full);
         let full = level == Sharding::Full;
         let specs = store.param_specs();
-        // Gradients the tensor-parallel group sums after backward are reduced after it, so
-        // they go last, in buckets of their own.
-        let late = |i: &usize| {
-            shard_grads && store.tp().size() > 1 && specs[*i].grad_sync == GradSync::SumOverGroup
-        };
-        let (mut spec_of, late): (Vec<usize>, Vec<usize>) =
-            (0..specs.len()).partition(|i| !late(i));
-        let early = spec_of.len();
-        spec_of.extend(late);
+        let ParamOrder {
+            spec_of,
+            early,
+            layout,
+        } = ParamOrder::new(
+            specs,
+            store.tp().size(),
+            level,
+            bucket,
+            groups.shard.size(),
+            groups.shard.rank(),
+        );
         let named = named_params(store);
         let params: Vec<Tensor> = spec_of
             .iter()
@@ -112,25 +120,14 @@ impl<'a> ShardedAdamW<'a> {
             params.iter().all(Tensor::is_contiguous),
             "parameters are contiguous"
         );
-        // Under "full", each layer's weights sit in buckets of their own.
         let names: Vec<&str> = spec_of.iter().map(|&i| specs[i].name.as_str()).collect();
-        let mut splits = vec![early];
-        if full {
-            let n = names.len();
-            splits.extend((1..n).filter(|&i| layer_of(names[i]) != layer_of(names[i - 1])));
-        }
-        let layout = ShardLayout::new(
-            params.iter().map(|p| p.numel()).collect(),
-            bucket,
-            groups.shard.size(),
-            groups.shard.rank(),
-            &splits,
-        );
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let owned = layout.owned as i64;
         let state = move || Tensor::zeros([owned], (Kind::Float, device));
         let tp = store.tp().size() as f64;
-        let masters = (full || params.iter().any(|p| p.kind() != Kind::Float)).then(state);
+        let taken = built.is_some();
+        let masters =
+            built.or_else(|| (full || params.iter().any(|p| p.kind() != Kind::Float)).then(state));
         let residency = full.then(|| {
             let masters = masters.as_ref().expect("full sharding keeps masters");
             Rc::new(ShardedParams::new(
@@ -174,11 +171,13 @@ impl<'a> ShardedAdamW<'a> {
             shard: groups.shard,
             across: groups.across,
         };
-        tch::no_grad(|| {
-            for s in sharded.layout.segments() {
-                sharded.master(s).copy_(&sharded.part_of_param(s));
-            }
-        });
+        if !taken {
+            tch::no_grad(|| {
+                for s in sharded.layout.segments() {
+                    sharded.master(s).copy_(&sharded.part_of_param(s));
+                }
+            });
+        }
         if let Some(residency) = &sharded.residency {
             residency.release_layers(layers);
         }

@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use flux_model::residency::{fill_storage, release_storage, LayerParams};
+use flux_model::residency::{fill_storage, release_storage, storage_present, LayerParams};
 use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
@@ -93,7 +93,11 @@ impl<'a> ShardedParams<'a> {
                 layout: layout.clone(),
                 masters: masters.shallow_clone(),
                 buckets_of,
-                present: vec![true; layer_of_bucket.len()],
+                present: layout
+                    .buckets
+                    .iter()
+                    .map(|b| b.params.clone().all(|p| storage_present(&params[p])))
+                    .collect(),
                 layer_of_bucket,
                 managed: Vec::new(),
                 order: Vec::new(),
@@ -106,10 +110,7 @@ impl<'a> ShardedParams<'a> {
     /// Whether bucket `b`'s weights belong to a layer the model runs (they are gathered when
     /// used, not written by the optimizer).
     pub(crate) fn is_managed(&self, b: usize) -> bool {
-        let state = self.state.borrow();
-        state.layer_of_bucket[b]
-            .as_ref()
-            .is_some_and(|l| state.managed.contains(l))
+        self.state.borrow().is_managed(b)
     }
 
     /// Give back bucket `b`'s weights if its layer is managed (its gradients are reduced, or the
@@ -122,13 +123,20 @@ impl<'a> ShardedParams<'a> {
 
     /// Give back the weights of `layers` (the model's, in the order its forward pass runs them,
     /// [`flux_model::DiffusionModel::layers`]) now, once the masters hold them, rather than when
-    /// each first runs.
+    /// each first runs. Weights given back while the model was built whose layer is not among
+    /// them are gathered again: they stay whole, as parameters outside layers do.
     pub(crate) fn release_layers(&self, layers: &[String]) {
         let mut state = self.state.borrow_mut();
         for layer in layers {
             state.manage(layer, true);
             for b in state.buckets(layer) {
                 state.release(b);
+            }
+        }
+        for b in 0..state.present.len() {
+            if !state.present[b] && !state.is_managed(b) {
+                let full = gather_share(&state.share(b), self.shard);
+                state.fill(b, &full);
             }
         }
     }
@@ -142,6 +150,13 @@ impl<'a> ShardedParams<'a> {
 }
 
 impl<'a> Residency<'a> {
+    /// Whether bucket `b` belongs to a managed layer.
+    fn is_managed(&self, b: usize) -> bool {
+        self.layer_of_bucket[b]
+            .as_ref()
+            .is_some_and(|l| self.managed.contains(l))
+    }
+
     /// This rank's share of bucket `b` from the masters, as the all-gather sends it.
     fn share(&self, b: usize) -> Tensor {
         let bucket = &self.layout.buckets[b];

@@ -10,7 +10,7 @@ use flux_data::DataError;
 use flux_model::lora::{export, Adapters};
 use flux_model::residency::storage_present;
 use flux_model::tensor_memory;
-use flux_model::tp::{staging, Collective, DpGroups, ShardedStore, TpContext};
+use flux_model::tp::{creation, staging, Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
@@ -28,6 +28,7 @@ use crate::run_config::Sharding;
 use crate::sampling::{generate, Conditioning, OdeSettings};
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
+use crate::sharded_build::ShardedBuild;
 use crate::step_data::{step_data, NoiseLevels, StepData};
 use crate::{RunConfig, EVAL_BASE};
 
@@ -125,6 +126,8 @@ pub struct Trainer<'a> {
     step: u64,
     /// Steps skipped in a row for a non-finite loss or gradient norm.
     consecutive_skips: u64,
+    /// The most bytes of tensors alive on the device until the model was built.
+    build_peak: Option<u64>,
 }
 
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
@@ -174,11 +177,41 @@ impl<'a> Trainer<'a> {
                 format!("latent sides must be multiples of patch_size {p}"),
             ));
         }
+        let sharding = run.parallelism.sharding;
+        if sharding == Sharding::Full && run.lora.is_some() {
+            return Err(ConfigError::new(
+                "parallelism.sharding",
+                "\"full\" shards the weights a run trains, and under [lora] those are the \
+                 small adapters: use \"gradients\"",
+            ));
+        }
+        run.parallelism
+            .replicas(tp.size() * replicas as usize)
+            .map_err(|e| e.within("parallelism"))?;
         // Count the tensors' bytes from the first weight on, where the device is the CPU.
         if device == Device::Cpu {
             tensor_memory::count_cpu_tensors();
         }
-        let mut model = build_model(run, device, tp)?;
+        // Under "full", each weight's share goes to the masters as it is created and a layer's
+        // weights are given back at once, so the whole model never exists on one rank.
+        let (mut model, built) = match sharding {
+            Sharding::Full => {
+                let mut build = ShardedBuild::new(
+                    &run.model.param_specs(tp.size() as i64),
+                    tp.size(),
+                    run.parallelism.bucket_elements(),
+                    (groups.shard.size(), groups.shard.rank()),
+                    device,
+                );
+                let model = creation::while_creating(
+                    |name, weight| build.take(name, weight),
+                    || build_model(run, device, tp),
+                )?;
+                (model, Some(build.finish()))
+            }
+            _ => (build_model(run, device, tp)?, None),
+        };
+        let build_peak = tensor_memory::tensor_bytes(device).ok().map(|b| b.peak);
         let adapters = match &run.lora {
             None => None,
             Some(lora) => {
@@ -202,17 +235,6 @@ impl<'a> Trainer<'a> {
                 Some(adapters)
             }
         };
-        let sharding = run.parallelism.sharding;
-        if sharding == Sharding::Full && adapters.is_some() {
-            return Err(ConfigError::new(
-                "parallelism.sharding",
-                "\"full\" shards the weights a run trains, and under [lora] those are the \
-                 small adapters: use \"gradients\"",
-            ));
-        }
-        run.parallelism
-            .replicas(model.store().tp().size() * replicas as usize)
-            .map_err(|e| e.within("parallelism"))?;
         let trained = adapters.as_ref().map_or(model.store(), Adapters::store);
         let layers = model.layers();
         let optimizer = dp_optimizer(
@@ -221,6 +243,7 @@ impl<'a> Trainer<'a> {
             &run.parallelism,
             groups,
             &layers,
+            built,
         );
         let ema =
             (t.ema_decay > 0.0).then(|| Ema::new(t.ema_decay, t.ema_every, &optimizer.masters()));
@@ -237,7 +260,15 @@ impl<'a> Trainer<'a> {
             device,
             step: 0,
             consecutive_skips: 0,
+            build_peak,
         })
+    }
+
+    /// The most bytes of tensors alive on the device while the model was built (what `flux-hpc
+    /// plan` calls the build phase; on the CPU counted from `Trainer::new` on), where the device
+    /// counts them.
+    pub fn build_peak_bytes(&self) -> Option<u64> {
+        self.build_peak
     }
 
     /// The model.
