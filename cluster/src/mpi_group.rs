@@ -16,6 +16,11 @@ use tch::{Device, Kind, Tensor};
 
 use crate::watchdog;
 
+extern "C" {
+    /// `MPI_IN_PLACE` of the MPI library in use (csrc/mpi_constants.c).
+    fn flux_mpi_in_place() -> *mut std::os::raw::c_void;
+}
+
 /// An MPI communicator as a [`Collective`].
 pub struct MpiGroup {
     pub(crate) comm: SimpleCommunicator,
@@ -151,17 +156,16 @@ impl Collective for MpiGroup {
 }
 
 impl MpiGroup {
-    /// Start summing `t` over the group, in place.
+    /// Start summing `t` over the group, in place (MPI_IN_PLACE: no second buffer).
     fn sum(&self, t: Tensor) -> MpiPending {
         // `t` itself where MPI can take it, else a copy of it: written either way.
         let sum = readable(&t);
-        let send = sum.copy();
-        settle(&[&send, &sum]);
-        // SAFETY: `send` and `sum` hold `t.numel()` f32 where MPI can reach them and move,
-        // unused by anything else, into the returned value, which completes the request first.
+        settle(&[&sum]);
+        // SAFETY: `sum` holds `t.numel()` f32 where MPI can reach them and moves, unused by
+        // anything else, into the returned value, which completes the request first.
         let request = self.start(|comm, request| unsafe {
             ffi::MPI_Iallreduce(
-                send.data_ptr(),
+                flux_mpi_in_place(),
                 sum.data_ptr(),
                 t.numel() as i32,
                 ffi::RSMPI_FLOAT,
@@ -170,7 +174,7 @@ impl MpiGroup {
                 request,
             )
         });
-        self.pending(send, sum, t, request)
+        self.pending(Tensor::new(), sum, t, request)
     }
 
     /// Start gathering every rank's `input` into `output` (`size()` times longer).
@@ -267,6 +271,7 @@ impl MpiGroup {
 /// A non-blocking MPI collective in flight, with the buffers it reads and writes and the tensor
 /// its result goes to.
 struct MpiPending {
+    /// The buffer MPI reads, where it is not `buffer` (undefined for an in-place sum).
     _send: Tensor,
     /// The `f32` buffer MPI writes.
     buffer: Tensor,
