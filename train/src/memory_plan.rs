@@ -323,9 +323,20 @@ fn backward_peak(
                 None if step == 0 => acts.kept.iter().sum(),
                 None => 0,
             };
-        // The next layer's gathers land in host buffers until it runs.
+        // The layer's weights, gathered; and the gathers of the layer backward reaches next
+        // in flight: each of its buckets whole in f32 beside this rank's f32 share of it.
+        let in_flight = |i: usize| -> u64 {
+            buckets
+                .iter()
+                .filter(|b| trained.layer[b.params.start] == Some(i))
+                .map(|b| 4 * (trained.bucket(b) + b.share as u64))
+                .sum()
+        };
         let gathered = match (sharding, layer) {
-            (Sharding::Full, Some(i)) => trained.sum(|p| trained.layer[p] == Some(i)) * elt,
+            (Sharding::Full, Some(i)) => {
+                trained.sum(|p| trained.layer[p] == Some(i)) * elt
+                    + i.checked_sub(1).map_or(0, in_flight)
+            }
             _ => 0,
         };
         let flattening = match shard_grads {
