@@ -164,14 +164,14 @@ fn zeros(n: usize, device: Device) -> Tensor {
     Tensor::zeros([n as i64], (Kind::Float, device))
 }
 
-/// The sum over `dp` of this rank's share of bucket `b`'s gradients (`params[p].grad()` for the
-/// bucket's parameters, zeros where undefined): `[share]` f32 on the parameters' device, a
-/// reduce-scatter.
-pub(crate) fn reduce_scatter_bucket(
+/// Bucket `b`'s gradients (`params[p].grad()` for the bucket's parameters, zeros where
+/// undefined) end to end in f32, padded to `share · ranks`: `[share · ranks]` on the parameters'
+/// device, what a reduce-scatter over `ranks` takes.
+pub(crate) fn flat_bucket_grads(
     params: &[Tensor],
     layout: &ShardLayout,
     b: &Bucket,
-    dp: &dyn Collective,
+    ranks: usize,
 ) -> Tensor {
     let device = params[b.params.start].device();
     let mut flat: Vec<Tensor> = b
@@ -186,9 +186,20 @@ pub(crate) fn reduce_scatter_bucket(
         })
         .collect();
     let total: usize = b.params.clone().map(|p| layout.numels[p]).sum();
-    flat.push(zeros(b.share * dp.size() - total, device));
-    let flat = Tensor::cat(&flat, 0);
-    let summed = zeros(b.share, device);
+    flat.push(zeros(b.share * ranks - total, device));
+    Tensor::cat(&flat, 0)
+}
+
+/// The sum over `dp` of this rank's share of bucket `b`'s gradients ([`flat_bucket_grads`]):
+/// `[share]` f32 on the parameters' device, a reduce-scatter.
+pub(crate) fn reduce_scatter_bucket(
+    params: &[Tensor],
+    layout: &ShardLayout,
+    b: &Bucket,
+    dp: &dyn Collective,
+) -> Tensor {
+    let flat = flat_bucket_grads(params, layout, b, dp.size());
+    let summed = zeros(b.share, flat.device());
     dp.reduce_scatter_into(&flat, &summed);
     summed
 }

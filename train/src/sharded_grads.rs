@@ -3,22 +3,26 @@
 //!
 //! Each micro-batch's backward hands every bucket whose gradients are complete (by
 //! [`GradHooks`], in reverse bucket order, about the order backward produces them) to a
-//! reduce-scatter; this rank adds the sum of its share into its `[owned]` f32 gradient shard and
-//! drops the bucket's full gradients at once, so that a replica never holds more than the
-//! buckets backward is still filling. The buckets of parameters that the tensor-parallel group
+//! non-blocking reduce-scatter of an f32 copy of them, and drops the bucket's full gradients at
+//! once, so that a replica never holds more than the buckets backward is still filling. The
+//! reduce-scatter travels while backward goes on; this rank adds the sum of its share into its
+//! `[owned]` f32 gradient shard when it arrives, and at the latest before the next bucket starts
+//! (one bucket in flight at a time) or when backward ends. The buckets of parameters that the tensor-parallel group
 //! sums after backward ([`flux_model::tp::ShardedStore::finish_grads`]) are reduced after it.
 //! Under HSDP the reduce-scatters run within the shard group, and one all-reduce of the shard
 //! over the other groups completes the sums after the step's last backward. Between steps the
 //! shard holds no memory (as PyTorch's `zero_grad(set_to_none=True)`).
 
 use flux_model::residency::{fill_storage, release_storage, storage_present};
-use flux_model::tp::Collective;
+use flux_model::tp::{Collective, Pending};
 use tch::{Kind, Tensor};
 
 use std::rc::Rc;
 
 use crate::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
-use crate::shard_layout::{reduce_scatter_bucket, sum_over, Bucket, ShardLayout};
+use crate::shard_layout::{
+    flat_bucket_grads, reduce_scatter_bucket, sum_over, Bucket, ShardLayout,
+};
 use crate::sharded_params::ShardedParams;
 
 /// This rank's share of the summed gradients, and the hooks that fill it during backward.
@@ -37,6 +41,8 @@ pub(crate) struct GradShard<'a> {
 /// Reduce-scatters each bucket handed over into the shard.
 struct ReduceScatter<'a> {
     dp: &'a dyn Collective,
+    /// The bucket (index into the layout) whose reduce-scatter is travelling, if any.
+    in_flight: Option<(usize, Box<dyn Pending + 'a>)>,
     layout: ShardLayout,
     /// Layout bucket of each hand-over position.
     order: Vec<usize>,
@@ -59,6 +65,13 @@ fn reduce_into(
     got: &mut [bool],
 ) {
     let summed = reduce_scatter_bucket(params, layout, b, dp);
+    add_share(sum, b, &summed);
+    drop_grads(params, b, got);
+}
+
+/// Add `summed`, this rank's `[share]` of bucket `b`'s summed gradients, into the owned parts of
+/// `sum`.
+fn add_share(sum: &Tensor, b: &Bucket, summed: &Tensor) {
     ensure_zeroed(sum);
     tch::no_grad(|| {
         for s in &b.segments {
@@ -68,6 +81,10 @@ fn reduce_into(
                 .g_add_(&share.to_device(sum.device()));
         }
     });
+}
+
+/// Drop bucket `b`'s full gradients, marking in `got` the parameters that had one.
+fn drop_grads(params: &[Tensor], b: &Bucket, got: &mut [bool]) {
     for p in b.params.clone() {
         if params[p].grad().defined() {
             got[p] = true;
@@ -84,13 +101,33 @@ fn ensure_zeroed(sum: &Tensor) {
     }
 }
 
+impl ReduceScatter<'_> {
+    /// Wait for the reduce-scatter in flight, if any, and add its share into the shard.
+    fn land(&mut self) {
+        if let Some((index, pending)) = self.in_flight.take() {
+            add_share(&self.sum, &self.layout.buckets[index], &pending.wait());
+        }
+    }
+}
+
 impl BucketSink for ReduceScatter<'_> {
+    /// Land the bucket before, then start this one's reduce-scatter and drop its gradients.
     fn take(&mut self, position: usize, _members: &[usize], params: &[Tensor]) {
+        self.land();
         let index = self.order[position];
         let b = &self.layout.buckets[index];
-        reduce_into(&self.sum, params, &self.layout, b, self.dp, &mut self.got);
+        let flat = flat_bucket_grads(params, &self.layout, b, self.dp.size());
+        drop_grads(params, b, &mut self.got);
+        self.in_flight = Some((index, self.dp.start_reduce_scatter(flat)));
         if let Some(residency) = &self.residency {
             residency.release_bucket(index);
+        }
+    }
+
+    /// Land the reduce-scatter in flight once it has arrived.
+    fn progress(&mut self, _params: &[Tensor]) {
+        if self.in_flight.as_mut().is_some_and(|(_, p)| p.test()) {
+            self.land();
         }
     }
 }
@@ -118,6 +155,7 @@ impl<'a> GradShard<'a> {
                 .collect();
             let sink = ReduceScatter {
                 dp,
+                in_flight: None,
                 layout: layout.clone(),
                 order,
                 sum: sum.shallow_clone(),
@@ -142,9 +180,13 @@ impl<'a> GradShard<'a> {
         }
     }
 
-    /// After each micro-batch's backward: reduce the buckets it did not complete.
+    /// After each micro-batch's backward: reduce the buckets it did not complete, and land every
+    /// reduce-scatter.
     pub(crate) fn flush(&mut self) -> Option<OverlapReport> {
-        self.hooks.as_mut().map(GradHooks::flush)
+        let hooks = self.hooks.as_mut()?;
+        let report = hooks.flush();
+        hooks.with_sink(|sink, _| sink.land());
+        Some(report)
     }
 
     /// After `finish_grads`: reduce the late buckets into the shard (over `shard`, the group
