@@ -339,19 +339,34 @@ fn backward_peak(
             }
             _ => 0,
         };
-        let flattening = match shard_grads {
-            true => buckets
+        // Sharded gradients: a completing bucket flattened into f32 (after f32 copies of bf16
+        // gradients) beside its gradients; then, while backward goes on, its reduce-scatter in
+        // flight (the f32 bucket and the share it brings), until the next bucket completes.
+        let completing = |at_step: usize| {
+            buckets
                 .iter()
                 .zip(&done)
-                .filter(|(_, &d)| d == step)
-                .map(|(b, _)| flat * trained.bucket(b) + 4 * b.share as u64)
+                .filter(move |(_, &d)| d == at_step)
+                .map(|(b, _)| b)
+        };
+        let flattening = match shard_grads {
+            true => completing(step)
+                .map(|b| flat * trained.bucket(b))
                 .max()
                 .unwrap_or(0),
             false => 0,
         };
+        let last_completion = done.iter().copied().filter(|&d| d < step).max();
+        let reducing = match (shard_grads, last_completion) {
+            (true, Some(d)) => completing(d)
+                .map(|b| 4 * (trained.bucket(b) + b.share as u64))
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        };
         let entering = (
             before + layer.map_or(0, |i| acts.saved[i]),
-            share + grads_at(step, false) + gathered,
+            share + grads_at(step, false) + gathered + reducing,
         );
         let leaving = (before, share + grads_at(step, true) + flattening + gathered);
         for (a, t) in [entering, leaving] {
