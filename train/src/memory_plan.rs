@@ -203,6 +203,12 @@ impl Trained {
         b.params.clone().map(|p| self.numels[p] as u64).sum()
     }
 
+    /// Bytes of a collective on bucket `b` in flight: the bucket whole in f32 beside this
+    /// rank's f32 share of it (a gather landing, or a reduce-scatter's input and result).
+    fn in_flight(&self, b: &Bucket) -> u64 {
+        4 * (self.bucket(b) + b.share as u64)
+    }
+
     /// When backward produces parameter `p`'s gradient, of `n` layers: the parameters after
     /// the layers (the output layer) first, layer `i` at `n - i`, those before the layers (the
     /// embedders) last.
@@ -325,17 +331,17 @@ fn backward_peak(
             };
         // The layer's weights, gathered; and the gathers of the layer backward reaches next
         // in flight: each of its buckets whole in f32 beside this rank's f32 share of it.
-        let in_flight = |i: usize| -> u64 {
+        let prefetch = |i: usize| -> u64 {
             buckets
                 .iter()
                 .filter(|b| trained.layer[b.params.start] == Some(i))
-                .map(|b| 4 * (trained.bucket(b) + b.share as u64))
+                .map(|b| trained.in_flight(b))
                 .sum()
         };
         let gathered = match (sharding, layer) {
             (Sharding::Full, Some(i)) => {
                 trained.sum(|p| trained.layer[p] == Some(i)) * elt
-                    + i.checked_sub(1).map_or(0, in_flight)
+                    + i.checked_sub(1).map_or(0, prefetch)
             }
             _ => 0,
         };
@@ -359,7 +365,7 @@ fn backward_peak(
         let last_completion = done.iter().copied().filter(|&d| d < step).max();
         let reducing = match (shard_grads, last_completion) {
             (true, Some(d)) => completing(d)
-                .map(|b| 4 * (trained.bucket(b) + b.share as u64))
+                .map(|b| trained.in_flight(b))
                 .max()
                 .unwrap_or(0),
             _ => 0,
