@@ -44,7 +44,10 @@ impl ShardedBuild {
             segments[s.param].push(*s);
         }
         Self {
-            index: (order.spec_of.iter().enumerate())
+            index: order
+                .spec_of
+                .iter()
+                .enumerate()
                 .map(|(p, &i)| (specs[i].name.clone(), p))
                 .collect(),
             created: vec![false; segments.len()],
@@ -76,7 +79,9 @@ impl ShardedBuild {
 
     /// The masters, once every parameter has been created.
     pub(crate) fn finish(self) -> Tensor {
-        let missing: Vec<&str> = (self.index.iter())
+        let missing: Vec<&str> = self
+            .index
+            .iter()
             .filter(|&(_, &p)| !self.created[p])
             .map(|(name, _)| name.as_str())
             .collect();

@@ -7,8 +7,9 @@
 //! once, so that a replica never holds more than the buckets backward is still filling. The
 //! reduce-scatter travels while backward goes on; this rank adds the sum of its share into its
 //! `[owned]` f32 gradient shard when it arrives, and at the latest before the next bucket starts
-//! (one bucket in flight at a time) or when backward ends. The buckets of parameters that the tensor-parallel group
-//! sums after backward ([`flux_model::tp::ShardedStore::finish_grads`]) are reduced after it.
+//! (one bucket in flight at a time) or when backward ends. The buckets of parameters that the
+//! tensor-parallel group sums after backward ([`flux_model::tp::ShardedStore::finish_grads`])
+//! are reduced after it.
 //! Under HSDP the reduce-scatters run within the shard group, and one all-reduce of the shard
 //! over the other groups completes the sums after the step's last backward. Between steps the
 //! shard holds no memory (as PyTorch's `zero_grad(set_to_none=True)`).
