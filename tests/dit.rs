@@ -1,5 +1,5 @@
 //! A second architecture end to end: `configs/dit_tiny.toml` (`architecture = "dit"`) trains,
-//! checkpoints, resumes under tensor × data parallelism, samples and benches through the same
+//! checkpoints, resumes under tensor × data parallelism (fully sharded), samples and benches through the same
 //! commands as Flux, and its checkpoints refuse to load into a Flux run.
 
 mod common;
@@ -14,7 +14,7 @@ use serde_json::Value;
 const DIT: &str = "configs/dit_tiny.toml";
 
 #[test]
-fn dit_on_tp2_by_dp2_with_a_resume_matches_one_process() {
+fn dit_on_tp2_by_dp2_with_a_fully_sharded_resume_matches_one_process() {
     // Gradient clipping is active from the first steps (norms above the clip of 1.0), so equal
     // norms also show the global norm is summed over TP shards and DP replicas.
     let steps = ["training.total_steps=6", "training.log_interval=1"];
@@ -26,6 +26,8 @@ fn dit_on_tp2_by_dp2_with_a_resume_matches_one_process() {
     first.push("--stop-after 3");
     ok(&train_config(DIT, Some(4), &four, &first));
     assert!(four.join("step_000000003").is_dir());
+    // The second half resumes fully sharded: stem, blocks and head gathered around their use.
+    parallel.push("parallelism.sharding=\"full\"");
     let resumed = train_config(DIT, Some(4), &four, &parallel);
     ok(&resumed);
     assert!(

@@ -1,13 +1,16 @@
 //! FLUX.2 end to end: `configs/flux2_tiny.toml` (`architecture = "flux2"`) trains with the same
 //! loop as Flux, `info` counts FLUX.2 [dev] from its config alone, and `convert` takes diffusers
 //! and BFL weights to native checkpoints and back bit for bit, into a folder diffusers loads. Parity with
-//! diffusers is `model/tests/flux2.rs`; tensor × data parallel equivalence is `tests/parallel.rs`.
+//! diffusers is `model/tests/flux2.rs`; tensor × data parallel equivalence is `tests/parallel.rs`,
+//! and fully sharded training on two ranks matches one process here.
 
 mod common;
 
 use std::path::Path;
 
-use common::{first_and_last_eval, flux_hpc, ok, python, temp_dir, train_config};
+use common::{
+    assert_same_records, first_and_last_eval, flux_hpc, ok, python, records, temp_dir, train_config,
+};
 use tch::Tensor;
 
 #[test]
@@ -33,6 +36,24 @@ fn flux2_trains_on_synthetic_latents_and_info_counts_flux2_dev() {
         text.contains("architecture      flux2") && text.contains("32,223,281,152"),
         "{text}"
     );
+}
+
+#[test]
+fn flux2_fully_sharded_on_two_ranks_matches_one_process() {
+    // Full sharding gathers the stem (embedders and the blocks' shared modulations), each block
+    // and the head around their use; backward gathers the stem again once the single-stream
+    // modulation's gradient is complete, before the double blocks run backward.
+    let steps = ["training.total_steps=4", "training.log_interval=1"];
+    let (one, two) = (temp_dir("flux2-np1"), temp_dir("flux2-full"));
+    ok(&train_config("configs/flux2_tiny.toml", None, &one, &steps));
+    let mut full = steps.to_vec();
+    full.extend(["parallelism.sharding=\"full\"", "parallelism.bucket_mib=0.25"]);
+    ok(&train_config("configs/flux2_tiny.toml", Some(2), &two, &full));
+    let keys = ["loss", "grad_norm"];
+    assert_same_records(&records(&one), &records(&two), &keys, 1e-5);
+    for dir in [one, two] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 #[test]

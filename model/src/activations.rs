@@ -138,6 +138,14 @@ pub struct Activations {
     pub layers: Vec<LayerActivations>,
     /// The embedders, the output layer and the loss: whatever runs outside the layers.
     pub outside: Vec<Saved>,
+    /// Whether the forward pass runs the parameters before and after its layers as the stem
+    /// and the head ([`crate::residency::STEM`], [`crate::residency::HEAD`]), which fully
+    /// sharded training gathers and gives back like a layer's (`None`: they stay whole); and
+    /// if so, `Some(k)`: backward gathers the stem again, once one of its outputs has its whole
+    /// gradient, for layers `k - 1` down to `0` (0 where every layer takes the stem's
+    /// conditioning, as in FLUX.1; FLUX.2's single-stream modulation is complete once backward
+    /// leaves the single-stream layers).
+    pub stem_regathered_for: Option<usize>,
 }
 
 /// The saved tensors of one modulated (AdaLN) stream with an attention branch and an MLP branch

@@ -53,6 +53,54 @@ pub fn fill_storage(t: &Tensor, src: &Tensor) {
     }
 }
 
+/// The unit of the parameters declared before a model's first layer (the embedders of latents,
+/// text and conditioning), when its forward pass runs them through [`run_layer`] under this
+/// name.
+pub const STEM: &str = "stem";
+
+/// The unit of the parameters declared after a model's last layer (the output layer), when its
+/// forward pass runs them through [`run_layer`] under this name.
+pub const HEAD: &str = "head";
+
+/// The layer a parameter belongs to: its name up to and including the first all-digit component
+/// (`transformer.layers.3.attn.to_q.weight` → `transformer.layers.3`), or `None` outside layers.
+pub fn layer_of(name: &str) -> Option<&str> {
+    let mut end = 0;
+    for part in name.split('.') {
+        end += part.len();
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            return Some(&name[..end]);
+        }
+        end += 1;
+    }
+    None
+}
+
+/// The unit each parameter of `names` (a model's state-dict names, in spec order) is gathered
+/// and released with: its layer ([`layer_of`]), or outside layers [`STEM`] before the first
+/// layer's parameters and [`HEAD`] after them.
+pub fn units<'n>(names: &[&'n str]) -> Vec<&'n str> {
+    let first = names.iter().position(|n| layer_of(n).is_some());
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| match layer_of(n) {
+            Some(layer) => layer,
+            None if first.is_none_or(|f| i < f) => STEM,
+            None => HEAD,
+        })
+        .collect()
+}
+
+/// The units a forward pass runs that runs [`STEM`], then `layers`, then [`HEAD`]: what its
+/// [`RootBlock::layers`](crate::RootBlock::layers) lists.
+pub fn stem_layers_head(layers: impl IntoIterator<Item = String>) -> Vec<String> {
+    std::iter::once(STEM.to_string())
+        .chain(layers)
+        .chain([HEAD.to_string()])
+        .collect()
+}
+
 /// What a training loop that shards parameters does around each layer. `layer` is the
 /// state-dict prefix of the layer's parameters (`transformer.layers.3`).
 pub trait LayerParams {
@@ -158,4 +206,32 @@ pub fn run_layer(
         on_backward(layer, &outputs);
     }
     outputs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_is_the_name_through_its_index() {
+        assert_eq!(
+            layer_of("transformer.layers.3.attn.to_q.weight"),
+            Some("transformer.layers.3")
+        );
+        assert_eq!(layer_of("blocks.12.mlp.fc1.bias"), Some("blocks.12"));
+        assert_eq!(layer_of("x_embedder.weight"), None);
+        assert_eq!(layer_of("a.b2.c"), None);
+    }
+
+    #[test]
+    fn parameters_outside_layers_fall_in_the_stem_or_the_head() {
+        let names = [
+            "x_embedder.weight",
+            "blocks.0.fc.weight",
+            "blocks.1.fc.weight",
+            "final.weight",
+        ];
+        assert_eq!(units(&names), [STEM, "blocks.0", "blocks.1", HEAD]);
+        assert_eq!(units(&["a.weight", "b.weight"]), [STEM, STEM]);
+    }
 }

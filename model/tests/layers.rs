@@ -1,11 +1,11 @@
-//! Every registered architecture runs its layers through `residency::run_layer` under the names
-//! `DiffusionModel::layers` lists, in that order, and those names are the state-dict prefixes of
-//! all its per-layer parameters: what fully sharded training relies on to gather and release
-//! each layer's weights.
+//! Every registered architecture runs its stem, layers and head through `residency::run_layer`
+//! under the names `DiffusionModel::layers` lists, in that order, and every parameter belongs to
+//! one of them (`residency::units`): what fully sharded training relies on to gather and release
+//! each unit's weights.
 
 use std::cell::RefCell;
 
-use flux_model::residency::{install, LayerParams};
+use flux_model::residency::{install, units, LayerParams, STEM};
 use flux_model::tp::{Pass, TpContext};
 use flux_model::{DiffusionBatch, ModelSpec};
 use tch::{Device, Kind};
@@ -28,12 +28,6 @@ impl LayerParams for Recorder {
     }
 }
 
-/// Whether a state-dict name has an all-digit component (a layer index).
-fn in_a_layer(name: &str) -> bool {
-    name.split('.')
-        .any(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
 #[test]
 fn every_architecture_runs_its_layers_under_their_parameters_prefixes() {
     for architecture in flux_model::ARCHITECTURES {
@@ -51,14 +45,21 @@ fn every_architecture_runs_its_layers_under_their_parameters_prefixes() {
         let layers = model.layers();
         assert!(!layers.is_empty(), "{}", architecture.name);
 
-        // Every per-layer parameter is under exactly one listed layer.
-        for s in model.store().param_specs() {
-            let under = layers
-                .iter()
-                .filter(|l| s.name.starts_with(&format!("{l}.")))
-                .count();
-            let expected = usize::from(in_a_layer(&s.name));
-            assert_eq!(under, expected, "{}: {}", architecture.name, s.name);
+        // Every parameter is in a listed unit, and every listed unit has parameters.
+        let names: Vec<&str> = model
+            .store()
+            .param_specs()
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        let units = units(&names);
+        for (name, unit) in names.iter().zip(&units) {
+            let listed = layers.iter().any(|l| l == unit);
+            assert!(listed, "{}: {name} is in `{unit}`", architecture.name);
+        }
+        for layer in &layers {
+            let held = units.contains(&layer.as_str());
+            assert!(held, "{}: `{layer}` holds no parameter", architecture.name);
         }
 
         // A training forward and backward run each layer under its name, in order: gathered,
@@ -89,8 +90,12 @@ fn every_architecture_runs_its_layers_under_their_parameters_prefixes() {
                 l
             })
             .collect();
+        // Backward reaches the layers in reverse. The stem comes last, and earlier too where
+        // the layers it conditions end before the first (FLUX.2's single-stream modulation).
+        assert_eq!(regathered.last().unwrap().as_str(), STEM);
+        regathered.retain(|l| l.as_str() != STEM);
         regathered.dedup();
-        let reversed: Vec<&String> = layers.iter().rev().collect();
+        let reversed: Vec<&String> = layers.iter().rev().filter(|l| *l != STEM).collect();
         assert_eq!(regathered, reversed, "{}", architecture.name);
     }
 }

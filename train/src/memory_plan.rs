@@ -21,13 +21,13 @@
 //! are not tensors and are left to the headroom.
 
 use flux_model::activations::{bytes_of, ActivationShape, Kernels, Saved};
+use flux_model::residency::{HEAD, STEM};
 use flux_model::tp::ParamSpec;
 use flux_model::ConfigError;
 
 use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
 use crate::run_config::{RunConfig, Sharding};
 use crate::shard_layout::{Bucket, ParamOrder, ShardLayout};
-use crate::sharded_params::layer_of;
 
 /// One way to lay a run out over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,9 @@ impl Layout {
 pub enum Phase {
     /// Building the model: every weight of the rank's tensor-parallel shard is initialised
     /// whole in f32 and kept in the training dtype; under full sharding the f32 masters exist
-    /// from the start, take each weight's share as it is created, and a layer's weights are
-    /// given back at once (the state the optimizer then adds is counted in the other phases).
+    /// from the start, take each weight's share as it is created, and the weights of layers,
+    /// stem and head are given back at once (the state the optimizer then adds is counted in
+    /// the other phases).
     Build,
     /// While backward runs through the layers.
     Backward,
@@ -120,7 +121,7 @@ pub struct PhasePeak {
 /// One rank's tensor bytes: the state kept between steps, and the top of each phase.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankMemory {
-    /// Weights present between steps (all but the layers full sharding gives back).
+    /// Weights present between steps (none of those full sharding gives back).
     pub weights: u64,
     /// Gradients kept between steps (sharded gradients keep none; their f32 share lives from
     /// the first backward to the optimizer step, a transient).
@@ -153,17 +154,24 @@ impl RankMemory {
     }
 }
 
+/// Where a parameter sits in the forward pass: the unit fully sharded training gathers it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// Before the layers (the embedders).
+    Stem,
+    /// Layer `i` of the model's layers.
+    Layer(usize),
+    /// After the layers (the output layer).
+    Head,
+}
+
 /// The trained parameters of one rank as the optimizer lays them out: in spec order, with the
 /// gradients the tensor-parallel group sums last, cut into the same buckets and shares.
 struct Trained {
     /// Each parameter's spec, in the optimizer's order.
     specs: Vec<ParamSpec>,
-    /// Each parameter's local elements.
-    numels: Vec<usize>,
-    /// The layer each parameter belongs to (an index into the model's layers), if any.
-    layer: Vec<Option<usize>>,
-    /// The first parameter in a layer: those before it are the embedders'.
-    first_in_layer: usize,
+    /// Each parameter's unit.
+    unit: Vec<Unit>,
     /// The buckets and this rank's shares of them (rank 0, which owns the most).
     buckets: ShardLayout,
 }
@@ -174,33 +182,43 @@ impl Trained {
         let cap = run.parallelism.bucket_elements();
         let order = ParamOrder::new(&all, layout.tp, layout.sharding, cap, layout.shards(), 0);
         let specs: Vec<ParamSpec> = order.spec_of.iter().map(|&i| all[i].clone()).collect();
-        let numels = order.layout.numels.clone();
-        let layer: Vec<Option<usize>> = specs
+        let unit = order
+            .unit
             .iter()
-            .map(|s| layer_of(&s.name).and_then(|l| layer_names.iter().position(|&n| n == l)))
+            .map(|u| match u.as_str() {
+                STEM => Unit::Stem,
+                HEAD => Unit::Head,
+                layer => Unit::Layer(
+                    layer_names
+                        .iter()
+                        .position(|&n| n == layer)
+                        .unwrap_or_else(|| panic!("`{layer}` is not among the model's layers")),
+                ),
+            })
             .collect();
-        let first_in_layer = layer.iter().position(Option::is_some).unwrap_or(0);
-        let buckets = order.layout;
         Self {
             specs,
-            numels,
-            layer,
-            first_in_layer,
-            buckets,
+            unit,
+            buckets: order.layout,
         }
+    }
+
+    /// Each parameter's local elements.
+    fn numels(&self) -> &[usize] {
+        &self.buckets.numels
     }
 
     /// Elements of the parameters `p` selects.
     fn sum(&self, mut p: impl FnMut(usize) -> bool) -> u64 {
-        (0..self.numels.len())
+        (0..self.numels().len())
             .filter(|&i| p(i))
-            .map(|i| self.numels[i] as u64)
+            .map(|i| self.numels()[i] as u64)
             .sum()
     }
 
     /// Elements of bucket `b`.
     fn bucket(&self, b: &Bucket) -> u64 {
-        b.params.clone().map(|p| self.numels[p] as u64).sum()
+        b.params.clone().map(|p| self.numels()[p] as u64).sum()
     }
 
     /// Bytes of a collective on bucket `b` in flight: the bucket whole in f32 beside this
@@ -209,15 +227,26 @@ impl Trained {
         4 * (self.bucket(b) + b.share as u64)
     }
 
-    /// When backward produces parameter `p`'s gradient, of `n` layers: the parameters after
-    /// the layers (the output layer) first, layer `i` at `n - i`, those before the layers (the
-    /// embedders) last.
+    /// When backward produces parameter `p`'s gradient, of `n` layers: the head's first, layer
+    /// `i` at `n - i`, the stem's last.
     fn produced_at(&self, p: usize, n: usize) -> usize {
-        match self.layer[p] {
-            Some(i) => n - i,
-            None if p < self.first_in_layer => n + 1,
-            None => 0,
+        match self.unit[p] {
+            Unit::Head => 0,
+            Unit::Layer(i) => n - i,
+            Unit::Stem => n + 1,
         }
+    }
+
+    /// Bytes of unit `u`'s weights, gathered, at `elt` bytes an element.
+    fn weights_of(&self, u: Unit, elt: u64) -> u64 {
+        self.sum(|p| self.unit[p] == u) * elt
+    }
+
+    /// Bytes of unit `u`'s gathers in flight ([`Trained::in_flight`] of each of its buckets).
+    fn gathering(&self, u: Unit) -> u64 {
+        let buckets = self.buckets.buckets.iter();
+        let of_unit = buckets.filter(|b| self.unit[b.params.start] == u);
+        of_unit.map(|b| self.in_flight(b)).sum()
     }
 
     /// Elements of the largest chunk replicated AdamW copies to f32 at once (decaying matrices
@@ -228,7 +257,7 @@ impl Trained {
             .flat_map(|decays| {
                 let group: Vec<usize> = (0..self.specs.len())
                     .filter(|&i| (self.specs[i].shape.len() >= 2) == decays)
-                    .map(|i| self.numels[i])
+                    .map(|i| self.numels()[i])
                     .collect();
                 chunk_ranges(&group, STEP_CHUNK_ELEMENTS)
                     .into_iter()
@@ -249,6 +278,9 @@ struct MicroBatch {
     kept: Vec<u64>,
     /// Everything outside the layers.
     around: u64,
+    /// Whether the stem and head are gathered like layers, and the layers whose backward the
+    /// stem is back for ([`flux_model::activations::Activations::stem_regathered_for`]).
+    stem_regathered_for: Option<usize>,
 }
 
 impl MicroBatch {
@@ -279,15 +311,17 @@ impl MicroBatch {
             saved,
             kept,
             around: bytes(&activations.outside),
+            stem_regathered_for: activations.stem_regathered_for,
         }
     }
 }
 
-/// The top of backward as `(activations, transient)`, walking the layers from the last: entering
-/// layer `i`, the kept activations of the layers before it and its whole saved set; leaving it,
-/// its gradients all produced and a bucket it completes flattened (`flat` bytes per element) with
-/// its summed share. Sharded gradients keep only buckets not yet complete, and their f32 `share`
-/// lives throughout; full sharding holds the running layer's weights.
+/// The top of backward as `(activations, transient)`, walking the head, the layers from the
+/// last and the stem: entering layer `i`, the kept activations of the layers before it and its
+/// whole saved set; leaving it, its gradients all produced and a bucket it completes flattened
+/// (`flat` bytes per element) with its summed share. Sharded gradients keep only buckets not yet
+/// complete, and their f32 `share` lives throughout; full sharding holds the running unit's
+/// weights and the next one's gathers in flight.
 fn backward_peak(
     trained: &Trained,
     acts: &MicroBatch,
@@ -299,7 +333,7 @@ fn backward_peak(
     let n = acts.saved.len();
     let flat = if elt == 4 { 4 } else { 8 };
     let buckets = &trained.buckets.buckets;
-    let at: Vec<usize> = (0..trained.numels.len())
+    let at: Vec<usize> = (0..trained.numels().len())
         .map(|p| trained.produced_at(p, n))
         .collect();
     let done: Vec<usize> = buckets
@@ -317,34 +351,55 @@ fn backward_peak(
         pending
             .flat_map(|(b, _)| b.params.clone())
             .filter(|&p| alive(p))
-            .map(|p| trained.numels[p] as u64 * elt)
+            .map(|p| trained.numels()[p] as u64 * elt)
             .sum()
+    };
+    // Full sharding gathers each layer, and the stem and head where the model runs them so.
+    let full = sharding == Sharding::Full;
+    let stem_for = acts.stem_regathered_for.filter(|_| full);
+    let gathered = |u: Unit| match u {
+        Unit::Layer(_) => full,
+        Unit::Stem | Unit::Head => stem_for.is_some(),
     };
     let mut top = (0, 0);
     for step in 0..=n + 1 {
-        let layer = (1..=n).contains(&step).then(|| n - step);
+        let unit = match step {
+            0 => Unit::Head,
+            s if s > n => Unit::Stem,
+            s => Unit::Layer(n - s),
+        };
+        let layer = match unit {
+            Unit::Layer(i) => Some(i),
+            _ => None,
+        };
         let before = acts.around
-            + match layer {
-                Some(i) => acts.kept[..i].iter().sum::<u64>(),
-                None if step == 0 => acts.kept.iter().sum(),
-                None => 0,
+            + match unit {
+                Unit::Layer(i) => acts.kept[..i].iter().sum::<u64>(),
+                Unit::Head => acts.kept.iter().sum(),
+                Unit::Stem => 0,
             };
-        // The layer's weights, gathered; and the gathers of the layer backward reaches next
-        // in flight: each of its buckets whole in f32 beside this rank's f32 share of it.
-        let prefetch = |i: usize| -> u64 {
-            buckets
-                .iter()
-                .filter(|b| trained.layer[b.params.start] == Some(i))
-                .map(|b| trained.in_flight(b))
-                .sum()
+        // The unit's weights, gathered (and the stem's, back early for the first layers); and
+        // the gathers of the unit backward reaches next in flight: each of its buckets whole in
+        // f32 beside this rank's f32 share of it.
+        let stem_back = stem_for.is_some_and(|k| layer.is_some_and(|i| i < k));
+        let next = match unit {
+            Unit::Head if n > 0 => Some(Unit::Layer(n - 1)),
+            Unit::Layer(i) if i > 0 => Some(Unit::Layer(i - 1)),
+            Unit::Head | Unit::Layer(_) if !stem_back => Some(Unit::Stem),
+            _ => None,
         };
-        let gathered = match (sharding, layer) {
-            (Sharding::Full, Some(i)) => {
-                trained.sum(|p| trained.layer[p] == Some(i)) * elt
-                    + i.checked_sub(1).map_or(0, prefetch)
-            }
-            _ => 0,
+        let weights = match gathered(unit) {
+            true => trained.weights_of(unit, elt),
+            false => 0,
         };
+        let stem = match stem_back {
+            true => trained.weights_of(Unit::Stem, elt),
+            false => 0,
+        };
+        let prefetch = next
+            .filter(|&u| gathered(u))
+            .map_or(0, |u| trained.gathering(u));
+        let gathered = weights + stem + prefetch;
         // Sharded gradients: a completing bucket flattened into f32 (after f32 copies of bf16
         // gradients) beside its gradients; then, while backward goes on, its reduce-scatter in
         // flight (the f32 bucket and the share it brings), until the next bucket completes.
@@ -405,6 +460,12 @@ pub fn predict(
     let activations = run.model.activations();
     let layer_names: Vec<&str> = activations.layers.iter().map(|l| l.name.as_str()).collect();
     let trained = Trained::new(run, layout, &layer_names);
+    // Whether full sharding gives parameter `p`'s weight back between uses: a layer's, and the
+    // stem's and head's where the model runs them like layers.
+    let stem_and_head = activations.stem_regathered_for.is_some();
+    let given_back = |p: usize| {
+        full && (stem_and_head || matches!(trained.unit[p], Unit::Layer(_)))
+    };
     let params = trained.sum(|_| true);
     let owned = trained.buckets.owned as u64;
     let shards = layout.shards() as u64;
@@ -415,10 +476,7 @@ pub fn predict(
     } else {
         owned
     };
-    let weights = match full {
-        true => trained.sum(|p| trained.layer[p].is_none()) * elt,
-        false => params * elt,
-    };
+    let weights = trained.sum(|p| !given_back(p)) * elt;
     let gradients = if shard_grads { 0 } else { params * elt };
     let masters = if full || elt != 4 { 4 * kept } else { 0 };
     let optimizer = masters + 8 * kept;
@@ -445,18 +503,16 @@ pub fn predict(
     };
 
     // Optimizer step: bf16 gradients copied to f32 for the fused update, then each updated
-    // bucket gathered (the bucket and this rank's share in f32, one parameter converted).
-    let updated = match full {
-        true => buckets
-            .iter()
-            .filter(|b| b.params.clone().all(|p| trained.layer[p].is_none()))
-            .map(|b| trained.bucket(b))
-            .max()
-            .unwrap_or(0),
-        false => largest_bucket,
+    // bucket whose weights stay gathered (the bucket and this rank's share in f32, one
+    // parameter converted).
+    let whole = buckets.iter().filter(|b| !given_back(b.params.start));
+    let gather = match whole.map(|b| trained.bucket(b)).max() {
+        Some(updated) => {
+            let largest_param = trained.numels().iter().copied().max().unwrap_or(0) as u64;
+            4 * updated + 4 * updated / shards + (2 + elt) * largest_param
+        }
+        None => 0,
     };
-    let largest_param = trained.numels.iter().copied().max().unwrap_or(0) as u64;
-    let gather = 4 * updated + 4 * updated / shards + (2 + elt) * largest_param;
     let step = match sharding {
         Sharding::None if elt == 4 => 0,
         Sharding::None => 4 * trained.largest_adamw_chunk(),
@@ -466,21 +522,16 @@ pub fn predict(
     };
 
     // Building: each weight is initialised whole in f32, then kept as this rank's shard in the
-    // training dtype. Under full sharding the f32 masters exist first and a layer's weight is
-    // given back once its share is in them, so only the weights outside layers accumulate;
-    // otherwise the whole shard does.
-    let in_layer = |i: usize| layer_of(&trained.specs[i].name).is_some();
-    let creating = |i: usize| {
-        let kept = if full && in_layer(i) {
-            elt * trained.numels[i] as u64
-        } else {
-            0
-        };
-        4 * trained.specs[i].numel() + kept
+    // training dtype. Under full sharding the f32 masters exist first and a weight full sharding
+    // gives back goes once its share is in them, so only the others accumulate; otherwise the
+    // whole shard does.
+    let creating = |p: usize| {
+        let typed = elt * trained.numels()[p] as u64;
+        4 * trained.specs[p].numel() + if given_back(p) { typed } else { 0 }
     };
     let largest_creation = (0..trained.specs.len()).map(creating).max().unwrap_or(0);
     let build = match full {
-        true => 4 * owned + elt * trained.sum(|i| !in_layer(i)) + largest_creation,
+        true => 4 * owned + weights + largest_creation,
         false => params * elt + largest_creation,
     };
     let during = |phase, activations, transient| PhasePeak {
@@ -631,6 +682,17 @@ mod tests {
             l.shard_group = 2;
         });
         assert!(hsdp.optimizer.abs_diff(plain.optimizer / 2) < 4096);
+    }
+
+    #[test]
+    fn full_sharding_keeps_no_whole_weight_between_steps() {
+        let run = run(&[]);
+        let full = at(&run, 2, |l| l.sharding = Sharding::Full);
+        assert_eq!(full.weights, 0);
+        // Nothing stays gathered for the optimizer to write: its step only updates the share.
+        let step = full.phases.iter().find(|p| p.phase == Phase::OptimizerStep);
+        // The f32 gradient share: a third of the masters and moments.
+        assert_eq!(step.unwrap().transient, full.optimizer / 3);
     }
 
     #[test]

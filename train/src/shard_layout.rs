@@ -8,11 +8,11 @@
 
 use std::ops::Range;
 
+use flux_model::residency::units;
 use flux_model::tp::{Collective, GradSync, ParamSpec};
 use tch::{Device, Kind, Tensor};
 
 use crate::run_config::Sharding;
-use crate::sharded_params::layer_of;
 
 /// The part of one parameter in this rank's share of its bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +119,11 @@ pub(crate) struct ParamOrder {
     pub(crate) spec_of: Vec<usize>,
     /// How many parameters precede those.
     pub(crate) early: usize,
-    /// The buckets (under `"full"`, a layer's parameters in buckets of their own, [`layer_of`])
-    /// and this rank's shares.
+    /// The unit each parameter is gathered with under `"full"` (its layer, or the stem or head
+    /// around the layers: [`units`]).
+    pub(crate) unit: Vec<String>,
+    /// The buckets (under `"full"`, each unit's parameters in buckets of their own) and this
+    /// rank's shares.
     pub(crate) layout: ShardLayout,
 }
 
@@ -142,10 +145,12 @@ impl ParamOrder {
             (0..specs.len()).partition(|i| !late(i));
         let early = spec_of.len();
         spec_of.extend(late);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        let of_spec = units(&names);
+        let unit: Vec<String> = spec_of.iter().map(|&i| of_spec[i].to_string()).collect();
         let mut splits = vec![early];
         if level == Sharding::Full {
-            let layer = |i: usize| layer_of(&specs[spec_of[i]].name);
-            splits.extend((1..spec_of.len()).filter(|&i| layer(i) != layer(i - 1)));
+            splits.extend((1..spec_of.len()).filter(|&i| unit[i] != unit[i - 1]));
         }
         let numels = spec_of
             .iter()
@@ -155,6 +160,7 @@ impl ParamOrder {
             layout: ShardLayout::new(numels, cap, ranks, rank, &splits),
             spec_of,
             early,
+            unit,
         }
     }
 }

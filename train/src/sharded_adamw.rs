@@ -102,6 +102,7 @@ impl<'a> ShardedAdamW<'a> {
         let ParamOrder {
             spec_of,
             early,
+            unit,
             layout,
         } = ParamOrder::new(
             specs,
@@ -120,7 +121,6 @@ impl<'a> ShardedAdamW<'a> {
             params.iter().all(Tensor::is_contiguous),
             "parameters are contiguous"
         );
-        let names: Vec<&str> = spec_of.iter().map(|&i| specs[i].name.as_str()).collect();
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let owned = layout.owned as i64;
         let state = move || Tensor::zeros([owned], (Kind::Float, device));
@@ -132,7 +132,7 @@ impl<'a> ShardedAdamW<'a> {
             let masters = masters.as_ref().expect("full sharding keeps masters");
             Rc::new(ShardedParams::new(
                 &params,
-                &names,
+                &unit,
                 &layout,
                 masters,
                 groups.shard,

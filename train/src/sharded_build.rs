@@ -1,9 +1,10 @@
 //! Building a fully sharded model (`[parallelism] sharding = "full"`) one weight at a time: as
-//! each weight is created, this rank's parts of it are copied into the f32 masters, and a
-//! layer's weight then gives its memory back at once. A rank so never holds more than the
-//! weights outside layers, its masters and the weight being initialised, where building the whole
-//! model first would hold every weight of its tensor-parallel shard (2 bytes a parameter in
-//! bf16: 64 GB for FLUX.2 at TP 1).
+//! each weight is created, this rank's parts of it are copied into the f32 masters, and the
+//! weight then gives its memory back at once (the optimizer gathers again those of layers, stems
+//! and heads the model does not run through `run_layer`). A rank so never holds more than its
+//! masters and the weight being initialised, where building the whole model first would hold
+//! every weight of its tensor-parallel shard (2 bytes a parameter in bf16: 64 GB for FLUX.2 at
+//! TP 1).
 
 use std::collections::HashMap;
 
@@ -13,7 +14,6 @@ use tch::{Device, Kind, Tensor};
 
 use crate::run_config::Sharding;
 use crate::shard_layout::{ParamOrder, Segment};
-use crate::sharded_params::layer_of;
 
 /// The masters of a fully sharded model being built, filled as its weights are created.
 pub(crate) struct ShardedBuild {
@@ -57,8 +57,8 @@ impl ShardedBuild {
     }
 
     /// Weight `name` was just created holding `value` (this rank's tensor-parallel shard, in the
-    /// training dtype): copy the parts this rank owns into the masters, and give a layer's
-    /// weight's memory back.
+    /// training dtype): copy the parts this rank owns into the masters, and give the weight's
+    /// memory back.
     pub(crate) fn take(&mut self, name: &str, value: &Tensor) {
         let Some(&p) = self.index.get(name) else {
             panic!("weight `{name}` was created but is not among the model's parameter specs");
@@ -72,9 +72,7 @@ impl ShardedBuild {
             }
         });
         self.created[p] = true;
-        if layer_of(name).is_some() {
-            release_storage(value);
-        }
+        release_storage(value);
     }
 
     /// The masters, once every parameter has been created.

@@ -3,16 +3,18 @@
 //! share ([`crate::ShardedAdamW`]).
 //!
 //! The parameters of each layer (those whose state-dict names share a prefix ending in the
-//! layer's index, `transformer.layers.3.…`) sit in buckets of their own. When a model runs a
-//! layer through [`flux_model::residency::run_layer`], the layer's buckets are all-gathered from
-//! the masters into its weights, and after its forward pass their memory is given back; when
-//! backward reaches the layer they are gathered again, and given back as soon as their gradients
-//! are reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
+//! layer's index, `transformer.layers.3.…`) sit in buckets of their own, and so do those before
+//! the layers (the stem: embedders) and after them (the head: the output layer;
+//! [`flux_model::residency::units`]). When a model runs a layer (or its stem or head) through
+//! [`flux_model::residency::run_layer`], the layer's buckets are all-gathered from the masters
+//! into its weights, and after its forward pass their memory is given back; when backward
+//! reaches the layer they are gathered again, and given back as soon as their gradients are
+//! reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
 //! the next one (in the order of the forward pass, reversed in backward) are already in flight
 //! (non-blocking all-gathers), so at most two layers' weights are whole at a time. A layer's
-//! weights are managed this way from the first time a model runs it; parameters outside layers
-//! (embedders, the final projection) and layers a model never announces stay whole, updated by
-//! the optimizer as under `"gradients"`.
+//! weights are managed this way from the first time a model runs it; a stem, head or layer a
+//! model never runs through `run_layer` stays whole, updated by the optimizer as under
+//! `"gradients"`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,20 +24,6 @@ use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
 use crate::shard_layout::{gather_share, local_share, ShardLayout};
-
-/// The layer a parameter belongs to: its name up to and including the first all-digit component
-/// (`transformer.layers.3.attn.to_q.weight` → `transformer.layers.3`), or `None` outside layers.
-pub(crate) fn layer_of(name: &str) -> Option<&str> {
-    let mut end = 0;
-    for part in name.split('.') {
-        end += part.len();
-        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-            return Some(&name[..end]);
-        }
-        end += 1;
-    }
-    None
-}
 
 /// Which weights are present, and the means to gather them.
 pub(crate) struct ShardedParams<'a> {
@@ -54,8 +42,8 @@ struct Residency<'a> {
     masters: Tensor,
     /// Buckets of each layer, by name.
     buckets_of: HashMap<String, Vec<usize>>,
-    /// The layer of each bucket, if any.
-    layer_of_bucket: Vec<Option<String>>,
+    /// The layer (or stem, or head) of each bucket.
+    unit_of_bucket: Vec<String>,
     /// Layers a model has run: their weights come and go.
     managed: Vec<String>,
     /// Whether each bucket's weights hold memory.
@@ -67,25 +55,24 @@ struct Residency<'a> {
 }
 
 impl<'a> ShardedParams<'a> {
-    /// The weights `params` (optimizer order, `names` their state-dict names) laid out by
-    /// `layout`, whose buckets do not straddle layers, gathered from `masters` over `shard`.
+    /// The weights `params` (optimizer order, `units` the layer, stem or head each is gathered
+    /// with) laid out by `layout`, whose buckets do not straddle units, gathered from `masters`
+    /// over `shard`.
     pub(crate) fn new(
         params: &[Tensor],
-        names: &[&str],
+        units: &[String],
         layout: &ShardLayout,
         masters: &Tensor,
         shard: &'a dyn Collective,
     ) -> Self {
-        let mut buckets_of: HashMap<String, Vec<usize>> = HashMap::new();
-        let layer_of_bucket: Vec<Option<String>> = layout
+        let unit_of_bucket: Vec<String> = layout
             .buckets
             .iter()
-            .map(|b| layer_of(names[b.params.start]).map(str::to_string))
+            .map(|b| units[b.params.start].clone())
             .collect();
-        for (b, layer) in layer_of_bucket.iter().enumerate() {
-            if let Some(layer) = layer {
-                buckets_of.entry(layer.clone()).or_default().push(b);
-            }
+        let mut buckets_of: HashMap<String, Vec<usize>> = HashMap::new();
+        for (b, unit) in unit_of_bucket.iter().enumerate() {
+            buckets_of.entry(unit.clone()).or_default().push(b);
         }
         Self {
             state: RefCell::new(Residency {
@@ -98,7 +85,7 @@ impl<'a> ShardedParams<'a> {
                     .iter()
                     .map(|b| b.params.clone().all(|p| storage_present(&params[p])))
                     .collect(),
-                layer_of_bucket,
+                unit_of_bucket,
                 managed: Vec::new(),
                 order: Vec::new(),
                 prefetch: None,
@@ -150,11 +137,9 @@ impl<'a> ShardedParams<'a> {
 }
 
 impl<'a> Residency<'a> {
-    /// Whether bucket `b` belongs to a managed layer.
+    /// Whether bucket `b` belongs to a managed layer (or stem, or head).
     fn is_managed(&self, b: usize) -> bool {
-        self.layer_of_bucket[b]
-            .as_ref()
-            .is_some_and(|l| self.managed.contains(l))
+        self.managed.contains(&self.unit_of_bucket[b])
     }
 
     /// This rank's share of bucket `b` from the masters, as the all-gather sends it.
@@ -269,21 +254,5 @@ impl LayerParams for ShardedParams<'_> {
         for b in state.buckets(layer) {
             state.release(b);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_layer_is_the_name_through_its_index() {
-        assert_eq!(
-            layer_of("transformer.layers.3.attn.to_q.weight"),
-            Some("transformer.layers.3")
-        );
-        assert_eq!(layer_of("blocks.12.mlp.fc1.bias"), Some("blocks.12"));
-        assert_eq!(layer_of("x_embedder.weight"), None);
-        assert_eq!(layer_of("a.b2.c"), None);
     }
 }

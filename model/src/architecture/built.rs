@@ -18,9 +18,11 @@ pub trait RootBlock: Block + std::fmt::Debug {
     fn set_recompute(&self, on: bool);
 
     /// The layers `forward_batch` runs through [`crate::residency::run_layer`], by the names it
-    /// passes (their parameters' state-dict prefixes), in the order it runs them. Fully sharded
-    /// training releases their weights from the start; a layer missing here is found when it
-    /// first runs (default: all are).
+    /// passes (their parameters' state-dict prefixes, or [`crate::residency::STEM`] and
+    /// [`crate::residency::HEAD`] for the parameters before and after the layers), in the order
+    /// it runs them ([`crate::residency::stem_layers_head`]). Fully sharded training releases
+    /// their weights from the start; a layer missing here is found when it first runs (default:
+    /// all are).
     fn layers(&self) -> Vec<String> {
         Vec::new()
     }

@@ -10,6 +10,7 @@ use crate::architecture::{
 };
 use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
+use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::ConfigError;
 
@@ -95,6 +96,7 @@ impl ModelConfig for DitConfig {
                 2.0,
                 Rows::Image,
             ),
+            stem_regathered_for: Some(0),
         }
     }
 
@@ -141,8 +143,6 @@ impl RootBlock for DitTransformer {
     }
 
     fn layers(&self) -> Vec<String> {
-        (0..self.blocks.len())
-            .map(DitTransformer::layer_name)
-            .collect()
+        stem_layers_head((0..self.blocks.len()).map(DitTransformer::layer_name))
     }
 }

@@ -11,7 +11,7 @@ use crate::dit::{sincos_2d, DitBlock, DitConfig};
 use crate::embeddings::{EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::residency::run_layer;
+use crate::residency::{run_layer, HEAD, STEM};
 use crate::tp::Linear;
 
 /// DiT's module tree (`x_embedder`, `t_embedder`, `y_embedder`, `blocks.{i}`, `final_layer`).
@@ -71,12 +71,18 @@ impl DitTransformer {
         let (p, d) = (self.config.patch_size, self.config.hidden_size);
         let (_, _, h, w) = x.size4().expect("x must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
-        // Under sequence parallelism the blocks work on this rank's slice of the tokens.
-        let tp = self.x_embedder.tp();
-        let mut tokens = tp.scatter_sequence(
-            &(self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device())),
-        );
-        let c = self.t_embedder.forward(t) + self.y_embedder.forward(y);
+        // The stem: under sequence parallelism the blocks work on this rank's slice of the
+        // tokens.
+        let this = self as *const Self;
+        let inputs = [&patchify(x, p), t, y];
+        let stem = run_layer(STEM, &inputs, 2, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tokens = this.x_embedder.forward(&x[0]) + sincos_2d(rows, cols, d, x[0].device());
+            let c = this.t_embedder.forward(&x[1]) + this.y_embedder.forward(&x[2]);
+            vec![this.x_embedder.tp().scatter_sequence(&tokens), c]
+        });
+        let [mut tokens, c] = stem.try_into().expect("two outputs");
         let recomputing = train && self.recompute.get();
         for (i, block) in self.blocks.iter().enumerate() {
             let block = block as *const DitBlock;
@@ -92,14 +98,16 @@ impl DitTransformer {
             );
             tokens = out.into_iter().next().expect("one output");
         }
-        let out = adaln_continuous(
-            &self.final_adaln,
-            &tp.gather_sequence(&tokens),
-            &c,
-            self.config.layernorm_epsilon,
-            Halves::ShiftScale,
-        );
-        unpatchify(&self.final_linear.forward(&out), p, rows, cols)
+        let out = run_layer(HEAD, &[&tokens, &c], 1, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tokens = this.x_embedder.tp().gather_sequence(&x[0]);
+            let eps = this.config.layernorm_epsilon;
+            let out = adaln_continuous(&this.final_adaln, &tokens, &x[1], eps, Halves::ShiftScale);
+            vec![this.final_linear.forward(&out)]
+        });
+        let out = out.into_iter().next().expect("one output");
+        unpatchify(&out, p, rows, cols)
     }
 }
 

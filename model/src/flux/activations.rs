@@ -44,5 +44,6 @@ pub fn activations(config: &FluxConfig) -> Activations {
             embedders,
             Rows::Tokens,
         ),
+        stem_regathered_for: Some(0),
     }
 }

@@ -9,6 +9,7 @@ use crate::convert::{self, Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
 use crate::flux::{activations, flops};
+use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer};
 
@@ -165,6 +166,6 @@ impl RootBlock for FluxTransformer {
 
     fn layers(&self) -> Vec<String> {
         let n = self.joint_layers.len() + self.single_layers.len();
-        (0..n).map(FluxTransformer::layer_name).collect()
+        stem_layers_head((0..n).map(FluxTransformer::layer_name))
     }
 }

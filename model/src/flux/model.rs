@@ -10,7 +10,7 @@ use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::residency::run_layer;
+use crate::residency::{run_layer, HEAD, STEM};
 use crate::tp::{Linear, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
@@ -83,14 +83,27 @@ impl FluxTransformer {
         let text_len = input.txt.size()[1];
         check_sequence_split(tp, &[("img", rows * cols), ("txt", text_len)])?;
 
-        // Under sequence parallelism the layers work on this rank's slice of each stream.
-        let mut img = tp.scatter_sequence(&self.x_embedder.forward(&patchify(input.img, p)));
-        let mut txt = tp.scatter_sequence(&self.context_embedder.forward(input.txt));
-        let mut vec =
-            self.time_embedder.forward(input.timesteps) + self.vector_embedder.forward(input.y);
-        if let (Some(embedder), Some(g)) = (&self.guidance_embedder, input.guidance) {
-            vec += embedder.forward(g);
-        }
+        // The stem: under sequence parallelism the layers work on this rank's slice of each
+        // stream.
+        let this = self as *const Self;
+        let mut inputs = vec![patchify(input.img, p), input.txt.shallow_clone()];
+        inputs.extend([input.timesteps, input.y].map(Tensor::shallow_clone));
+        inputs.extend(input.guidance.map(Tensor::shallow_clone));
+        let stem = run_layer(STEM, &inputs.iter().collect::<Vec<_>>(), 3, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tp = this.x_embedder.tp();
+            let mut vec = this.time_embedder.forward(&x[2]) + this.vector_embedder.forward(&x[3]);
+            if let (Some(embedder), Some(g)) = (&this.guidance_embedder, x.get(4)) {
+                vec += embedder.forward(g);
+            }
+            vec![
+                tp.scatter_sequence(&this.x_embedder.forward(&x[0])),
+                tp.scatter_sequence(&this.context_embedder.forward(&x[1])),
+                vec,
+            ]
+        });
+        let [mut img, mut txt, vec] = stem.try_into().expect("three outputs");
         let rope = self
             .pe_embedder
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
@@ -116,14 +129,16 @@ impl FluxTransformer {
             });
             x = out.into_iter().next().expect("one output");
         }
-        let img = tp.gather_sequence(&x).narrow(1, text_len, rows * cols);
-        let out = self.proj_out.forward(&adaln_continuous(
-            &self.norm_out,
-            &img,
-            &vec,
-            self.config.layernorm_epsilon,
-            Halves::ShiftScale,
-        ));
+        let out = run_layer(HEAD, &[&x, &vec], 1, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tp = this.x_embedder.tp();
+            let img = tp.gather_sequence(&x[0]).narrow(1, text_len, rows * cols);
+            let eps = this.config.layernorm_epsilon;
+            let out = adaln_continuous(&this.norm_out, &img, &x[1], eps, Halves::ShiftScale);
+            vec![this.proj_out.forward(&out)]
+        });
+        let out = out.into_iter().next().expect("one output");
         Ok(unpatchify(&out, p, rows, cols))
     }
 }

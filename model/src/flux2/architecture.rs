@@ -12,6 +12,7 @@ use crate::architecture::{
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
 use crate::flux2::{layouts, Flux2Config, Flux2Transformer};
+use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::ConfigError;
 
@@ -116,7 +117,11 @@ impl ModelConfig for Flux2Config {
         );
         // The three shared modulations: SiLU of the conditioning and `6d + 6d + 3d` outputs.
         outside.push(Saved::new(Rows::Sample, 18.0 * d, Width::Gathered));
-        Activations { layers, outside }
+        Activations {
+            layers,
+            outside,
+            stem_regathered_for: Some(self.num_layers),
+        }
     }
 
     fn attention(&self) -> Attention {
@@ -212,6 +217,6 @@ impl RootBlock for Flux2Transformer {
     fn layers(&self) -> Vec<String> {
         let double = (0..self.transformer_blocks.len()).map(|i| Self::layer_name(false, i));
         let single = (0..self.single_transformer_blocks.len()).map(|i| Self::layer_name(true, i));
-        double.chain(single).collect()
+        stem_layers_head(double.chain(single))
     }
 }

@@ -11,7 +11,7 @@ use crate::embeddings::{EmbedNd, EmbedderDims, TimeStepEmbedder};
 use crate::flux2::{Flux2Config, Flux2SingleTransformerBlock, Flux2TransformerBlock};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::residency::run_layer;
+use crate::residency::{run_layer, HEAD, STEM};
 use crate::tp::Linear;
 
 /// Timestep and guidance embedders (`time_guidance_embed`), bias-free.
@@ -147,16 +147,28 @@ impl Flux2Transformer {
         let (rows, cols) = (h / p, w / p);
         let text_len = text.size()[1];
         let tp = self.x_embedder.tp();
-        let temb = self.time_guidance_embed.forward(t, guidance);
-        let silu = temb.silu();
-        // Under sequence parallelism the blocks work on this rank's slice of each stream, and
-        // the modulations' gradients (each rank's tokens only) are summed over the group.
-        let modulation = |linear: &Linear| tp.broadcast_over_sequence(&linear.forward(&silu));
-        let mod_img = modulation(&self.double_stream_modulation_img);
-        let mod_txt = modulation(&self.double_stream_modulation_txt);
-        let mod_single = modulation(&self.single_stream_modulation);
-        let mut img = tp.scatter_sequence(&self.x_embedder.forward(&patchify(latents, p)));
-        let mut txt = tp.scatter_sequence(&self.context_embedder.forward(text));
+        // The stem: conditioning, the modulations of every block (under sequence parallelism
+        // the blocks work on this rank's slice of each stream, and the modulations' gradients,
+        // each rank's tokens only, are summed over the group), and the embedded streams.
+        let this = self as *const Self;
+        let mut inputs = vec![patchify(latents, p), text.shallow_clone(), t.shallow_clone()];
+        inputs.extend(guidance.map(Tensor::shallow_clone));
+        let stem = run_layer(STEM, &inputs.iter().collect::<Vec<_>>(), 6, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tp = this.x_embedder.tp();
+            let temb = this.time_guidance_embed.forward(&x[2], x.get(3));
+            let silu = temb.silu();
+            let modulation = |linear: &Linear| tp.broadcast_over_sequence(&linear.forward(&silu));
+            let mod_img = modulation(&this.double_stream_modulation_img);
+            let mod_txt = modulation(&this.double_stream_modulation_txt);
+            let mod_single = modulation(&this.single_stream_modulation);
+            let img = tp.scatter_sequence(&this.x_embedder.forward(&x[0]));
+            let txt = tp.scatter_sequence(&this.context_embedder.forward(&x[1]));
+            vec![mod_img, mod_txt, mod_single, img, txt, temb]
+        });
+        let [mod_img, mod_txt, mod_single, mut img, mut txt, temb] =
+            stem.try_into().expect("six outputs");
         let rope =
             self.pe_embedder
                 .forward(&position_ids(b, text_len, rows, cols, latents.device()));
@@ -183,15 +195,16 @@ impl Flux2Transformer {
             });
             x = out.into_iter().next().expect("one output");
         }
-        let img = tp.gather_sequence(&x).narrow(1, text_len, rows * cols);
-        let out = adaln_continuous(
-            &self.norm_out,
-            &img,
-            &temb,
-            self.config.eps,
-            Halves::ScaleShift,
-        );
-        unpatchify(&self.proj_out.forward(&out), p, rows, cols)
+        let out = run_layer(HEAD, &[&x, &temb], 1, false, move |x| {
+            // SAFETY: the model outlives the backward pass of any graph it built.
+            let this = unsafe { &*this };
+            let tp = this.x_embedder.tp();
+            let img = tp.gather_sequence(&x[0]).narrow(1, text_len, rows * cols);
+            let out = adaln_continuous(&this.norm_out, &img, &x[1], this.config.eps, Halves::ScaleShift);
+            vec![this.proj_out.forward(&out)]
+        });
+        let out = out.into_iter().next().expect("one output");
+        unpatchify(&out, p, rows, cols)
     }
 }
 
