@@ -47,8 +47,16 @@ fn flux2_fully_sharded_on_two_ranks_matches_one_process() {
     let (one, two) = (temp_dir("flux2-np1"), temp_dir("flux2-full"));
     ok(&train_config("configs/flux2_tiny.toml", None, &one, &steps));
     let mut full = steps.to_vec();
-    full.extend(["parallelism.sharding=\"full\"", "parallelism.bucket_mib=0.25"]);
-    ok(&train_config("configs/flux2_tiny.toml", Some(2), &two, &full));
+    full.extend([
+        "parallelism.sharding=\"full\"",
+        "parallelism.bucket_mib=0.25",
+    ]);
+    ok(&train_config(
+        "configs/flux2_tiny.toml",
+        Some(2),
+        &two,
+        &full,
+    ));
     let keys = ["loss", "grad_norm"];
     assert_same_records(&records(&one), &records(&two), &keys, 1e-5);
     for dir in [one, two] {

@@ -463,9 +463,8 @@ pub fn predict(
     // Whether full sharding gives parameter `p`'s weight back between uses: a layer's, and the
     // stem's and head's where the model runs them like layers.
     let stem_and_head = activations.stem_regathered_for.is_some();
-    let given_back = |p: usize| {
-        full && (stem_and_head || matches!(trained.unit[p], Unit::Layer(_)))
-    };
+    let given_back =
+        |p: usize| full && (stem_and_head || matches!(trained.unit[p], Unit::Layer(_)));
     let params = trained.sum(|_| true);
     let owned = trained.buckets.owned as u64;
     let shards = layout.shards() as u64;

@@ -86,10 +86,10 @@ impl FluxTransformer {
         // The stem: under sequence parallelism the layers work on this rank's slice of each
         // stream.
         let this = self as *const Self;
-        let mut inputs = vec![patchify(input.img, p), input.txt.shallow_clone()];
-        inputs.extend([input.timesteps, input.y].map(Tensor::shallow_clone));
-        inputs.extend(input.guidance.map(Tensor::shallow_clone));
-        let stem = run_layer(STEM, &inputs.iter().collect::<Vec<_>>(), 3, false, move |x| {
+        let latents = patchify(input.img, p);
+        let mut inputs = vec![&latents, input.txt, input.timesteps, input.y];
+        inputs.extend(input.guidance);
+        let stem = run_layer(STEM, &inputs, 3, false, move |x| {
             // SAFETY: the model outlives the backward pass of any graph it built.
             let this = unsafe { &*this };
             let tp = this.x_embedder.tp();

@@ -151,9 +151,10 @@ impl Flux2Transformer {
         // the blocks work on this rank's slice of each stream, and the modulations' gradients,
         // each rank's tokens only, are summed over the group), and the embedded streams.
         let this = self as *const Self;
-        let mut inputs = vec![patchify(latents, p), text.shallow_clone(), t.shallow_clone()];
-        inputs.extend(guidance.map(Tensor::shallow_clone));
-        let stem = run_layer(STEM, &inputs.iter().collect::<Vec<_>>(), 6, false, move |x| {
+        let patches = patchify(latents, p);
+        let mut inputs = vec![&patches, text, t];
+        inputs.extend(guidance);
+        let stem = run_layer(STEM, &inputs, 6, false, move |x| {
             // SAFETY: the model outlives the backward pass of any graph it built.
             let this = unsafe { &*this };
             let tp = this.x_embedder.tp();
@@ -200,7 +201,8 @@ impl Flux2Transformer {
             let this = unsafe { &*this };
             let tp = this.x_embedder.tp();
             let img = tp.gather_sequence(&x[0]).narrow(1, text_len, rows * cols);
-            let out = adaln_continuous(&this.norm_out, &img, &x[1], this.config.eps, Halves::ScaleShift);
+            let eps = this.config.eps;
+            let out = adaln_continuous(&this.norm_out, &img, &x[1], eps, Halves::ScaleShift);
             vec![this.proj_out.forward(&out)]
         });
         let out = out.into_iter().next().expect("one output");
