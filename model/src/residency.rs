@@ -64,7 +64,7 @@ pub const HEAD: &str = "head";
 
 /// The layer a parameter belongs to: its name up to and including the first all-digit component
 /// (`transformer.layers.3.attn.to_q.weight` → `transformer.layers.3`), or `None` outside layers.
-pub fn layer_of(name: &str) -> Option<&str> {
+fn layer_of(name: &str) -> Option<&str> {
     let mut end = 0;
     for part in name.split('.') {
         end += part.len();

@@ -165,6 +165,14 @@ enum Unit {
     Head,
 }
 
+impl Unit {
+    /// Whether `full` sharding gives this unit's weights back between uses: a layer's always,
+    /// the stem's and head's where the model runs them like layers (`stem_and_head`).
+    fn given_back(self, full: bool, stem_and_head: bool) -> bool {
+        full && (stem_and_head || matches!(self, Unit::Layer(_)))
+    }
+}
+
 /// The trained parameters of one rank as the optimizer lays them out: in spec order, with the
 /// gradients the tensor-parallel group sums last, cut into the same buckets and shares.
 struct Trained {
@@ -354,13 +362,9 @@ fn backward_peak(
             .map(|p| trained.numels()[p] as u64 * elt)
             .sum()
     };
-    // Full sharding gathers each layer, and the stem and head where the model runs them so.
     let full = sharding == Sharding::Full;
     let stem_for = acts.stem_regathered_for.filter(|_| full);
-    let gathered = |u: Unit| match u {
-        Unit::Layer(_) => full,
-        Unit::Stem | Unit::Head => stem_for.is_some(),
-    };
+    let given_back = |u: Unit| u.given_back(full, stem_for.is_some());
     let mut top = (0, 0);
     for step in 0..=n + 1 {
         let unit = match step {
@@ -388,7 +392,7 @@ fn backward_peak(
             Unit::Head | Unit::Layer(_) if !stem_back => Some(Unit::Stem),
             _ => None,
         };
-        let weights = match gathered(unit) {
+        let weights = match given_back(unit) {
             true => trained.weights_of(unit, elt),
             false => 0,
         };
@@ -397,7 +401,7 @@ fn backward_peak(
             false => 0,
         };
         let prefetch = next
-            .filter(|&u| gathered(u))
+            .filter(|&u| given_back(u))
             .map_or(0, |u| trained.gathering(u));
         let gathered = weights + stem + prefetch;
         // Sharded gradients: a completing bucket flattened into f32 (after f32 copies of bf16
@@ -460,11 +464,9 @@ pub fn predict(
     let activations = run.model.activations();
     let layer_names: Vec<&str> = activations.layers.iter().map(|l| l.name.as_str()).collect();
     let trained = Trained::new(run, layout, &layer_names);
-    // Whether full sharding gives parameter `p`'s weight back between uses: a layer's, and the
-    // stem's and head's where the model runs them like layers.
+    // Whether full sharding gives parameter `p`'s weight back between uses.
     let stem_and_head = activations.stem_regathered_for.is_some();
-    let given_back =
-        |p: usize| full && (stem_and_head || matches!(trained.unit[p], Unit::Layer(_)));
+    let given_back = |p: usize| trained.unit[p].given_back(full, stem_and_head);
     let params = trained.sum(|_| true);
     let owned = trained.buckets.owned as u64;
     let shards = layout.shards() as u64;
