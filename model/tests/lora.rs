@@ -346,4 +346,63 @@ fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
             "{err}"
         );
     }
+
+    // Values no update can be made of, each refused naming the tensor or module.
+    let with = |key: String, value: Tensor| {
+        let mut f = copy(&file);
+        f.insert(key, value);
+        f
+    };
+    let nan_a = file[&key("to_q", "lora_A")].copy();
+    let _ = nan_a.get(0).get(0).fill_(f64::NAN);
+    let inf_b = file[&key("to_v", "lora_B")].copy().fill_(f64::INFINITY);
+    let alpha = |module: &str| format!("transformer.transformer_blocks.0.attn.{module}.alpha");
+    let scalar = |v: f64| Tensor::from(v as f32);
+    let mut rank_zero = copy(&file);
+    for part in ["to_q", "to_k", "to_v"] {
+        rank_zero.insert(
+            key(part, "lora_A"),
+            Tensor::zeros([0, 64], (Kind::Float, Device::Cpu)),
+        );
+        rank_zero.insert(
+            key(part, "lora_B"),
+            Tensor::zeros([64, 0], (Kind::Float, Device::Cpu)),
+        );
+    }
+    // The same module under diffusers' and PEFT's prefixes with other values.
+    let peft_key = key("to_q", "lora_B").replacen("transformer.", "base_model.model.", 1);
+    let mut twice = copy(&file);
+    twice.insert(peft_key.clone(), file[&key("to_q", "lora_B")].copy() + 1.0);
+    for (bad, expect) in [
+        (with(key("to_q", "lora_A"), nan_a), "NaN or infinite"),
+        (with(key("to_v", "lora_B"), inf_b), "NaN or infinite"),
+        (with(alpha("to_q"), scalar(f64::NAN)), "NaN or infinite"),
+        (
+            with(alpha("to_q"), scalar(f64::INFINITY)),
+            "NaN or infinite",
+        ),
+        (
+            with(alpha("to_q"), Tensor::ones([2], (Kind::Float, Device::Cpu))),
+            "not one number",
+        ),
+        (rank_zero, "rank 0"),
+        (twice, "the same module twice"),
+    ] {
+        let err = import::import(
+            bad.into_iter().collect(),
+            &Default::default(),
+            &spec,
+            "bad.safetensors",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("bad.safetensors") && err.contains(expect),
+            "{expect}: {err}"
+        );
+    }
+    // An identical copy under the second prefix is the same update.
+    let mut same = copy(&file);
+    same.insert(peft_key, file[&key("to_q", "lora_B")].copy());
+    import::import(same.into_iter().collect(), &Default::default(), &spec, "f").unwrap();
 }

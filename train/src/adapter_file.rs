@@ -46,16 +46,31 @@ pub fn merge_adapter_file(run: &RunConfig, path: &Path) -> Result<Vec<(String, T
         .iter()
         .map(|a| (format!("{}.weight", a.module), a.delta()))
         .collect();
-    Ok(model
+    model
         .store()
         .gather_logical(false)
         .into_iter()
         .map(|(name, weight)| match deltas.remove(&name) {
             Some(delta) => {
                 let merged = (weight.to_kind(Kind::Float) + delta).to_kind(weight.kind());
-                (name, merged)
+                // Finite factors and scale can still overflow (a huge alpha), and a base
+                // weight can hold what an adapter cannot repair: nothing non-finite is written.
+                let bad = merged
+                    .isfinite()
+                    .logical_not()
+                    .sum(Kind::Int64)
+                    .int64_value(&[]);
+                match bad {
+                    0 => Ok((name, merged)),
+                    n => Err(format!(
+                        "{}: merging it into `{name}` gives {n} NaN or infinite value(s) of {} \
+                         (is its alpha or scale far too large?)",
+                        path.display(),
+                        merged.numel()
+                    )),
+                }
             }
-            None => (name, weight),
+            None => Ok((name, weight)),
         })
-        .collect())
+        .collect()
 }

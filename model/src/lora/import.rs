@@ -58,6 +58,17 @@ pub enum ImportError {
         /// What is wrong with them.
         why: String,
     },
+    /// A module's tensors hold values no update can be made of: NaN or infinite entries, a
+    /// rank of 0, an alpha that is not one number, or two differing copies.
+    #[error("{file}: `{key}` {why}")]
+    Values {
+        /// The adapter file.
+        file: String,
+        /// The tensor's key (or the module's name).
+        key: String,
+        /// What is wrong with its values.
+        why: String,
+    },
     /// A module's tensors have shapes that do not fit its weight or each other.
     #[error("{file}: `{module}`: {why} (is the adapter for another model?)")]
     Shape {
@@ -187,7 +198,13 @@ pub fn import(
         key: key.to_string(),
         why: why.to_string(),
     };
-    let mut found: BTreeMap<String, HashMap<&'static str, Tensor>> = BTreeMap::new();
+    let values = |key: &str, why: String| ImportError::Values {
+        file: file.to_string(),
+        key: key.to_string(),
+        why,
+    };
+    // Module → role → (the key it was read under, its tensor).
+    let mut found: BTreeMap<String, HashMap<&'static str, (String, Tensor)>> = BTreeMap::new();
     let mut layout = None;
     for (key, tensor) in tensors {
         let (this, module, role) =
@@ -195,7 +212,24 @@ pub fn import(
         if *layout.get_or_insert(this) != this {
             return Err(foreign(&key, "mixes kohya and diffusers names"));
         }
-        found.entry(module).or_default().insert(role, tensor);
+        if let Some(why) = non_finite(&tensor) {
+            return Err(values(&key, why));
+        }
+        let roles = found.entry(module).or_default();
+        match roles.get(role) {
+            // The same module under two prefixes (`transformer.` and `base_model.model.`):
+            // one update if the copies agree, no way to choose if they differ.
+            Some((first, copy)) if copy.size() != tensor.size() || !copy.equal(&tensor) => {
+                return Err(values(
+                    &key,
+                    format!("differs from `{first}`: the same module twice with other values"),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                roles.insert(role, (key, tensor));
+            }
+        }
     }
     let layout = layout.ok_or_else(|| ImportError::NotLora {
         file: file.to_string(),
@@ -242,6 +276,7 @@ pub fn import(
             let mut take = |role: &str, what: &str| {
                 entry
                     .remove(role)
+                    .map(|(_, t)| t)
                     .ok_or_else(|| shape_error(name, format!("has no {what}")))
             };
             let (a, b) = (take("A", "A (down) matrix")?, take("B", "B (up) matrix")?);
@@ -261,12 +296,24 @@ pub fn import(
                     ),
                 ));
             }
+            if sa[0] == 0 {
+                return Err(values(name, "has rank 0: an adapter of no update".into()));
+            }
             let scale = match (entry.remove("alpha"), layout, &settings) {
-                (Some(alpha), ..) => alpha.double_value(&[]) / sa[0] as f64,
+                (Some((key, alpha)), ..) => {
+                    if alpha.numel() != 1 {
+                        return Err(values(
+                            &key,
+                            format!("holds {:?}, not one number", alpha.size()),
+                        ));
+                    }
+                    alpha.double_value(&vec![0; alpha.dim()]) / sa[0] as f64
+                }
                 (None, Layout::Diffusers, Some(settings)) => settings.scale(name, sa[0]),
                 (None, Layout::Diffusers, None) => 1.0,
                 (None, Layout::Bfl, _) => return Err(shape_error(name, "has no alpha".into())),
             };
+
             parts.push(PartAdapter { a, b, scale });
         }
         out.push(ImportedAdapter {
@@ -280,4 +327,15 @@ pub fn import(
         return Err(foreign(module, "names no weight of this model"));
     }
     Ok(out)
+}
+
+/// Why `t` cannot be part of an update (`None` when every entry is finite).
+fn non_finite(t: &Tensor) -> Option<String> {
+    let bad = t
+        .to_kind(Kind::Float)
+        .isfinite()
+        .logical_not()
+        .sum(Kind::Int64)
+        .int64_value(&[]);
+    (bad > 0).then(|| format!("holds {bad} NaN or infinite value(s) of {}", t.numel()))
 }
