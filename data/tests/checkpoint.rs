@@ -38,6 +38,7 @@ fn state(step: u64, tensors: Vec<Tensor>) -> TrainingState {
     TrainingState {
         step,
         config: "[model]\n".into(),
+        run_id: "test-run".into(),
         data: flux_data::dataset::DataPosition {
             epoch: 1,
             index: step,
@@ -237,6 +238,83 @@ fn data_parallel_parts_reassemble_and_a_gap_is_refused() {
     let err = read(&paths).unwrap_err().to_string();
     assert!(
         err.contains("parts hold 20 of the shard's 24 elements"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The checkpoint of `step` by run `run_id` written as data-parallel part `dp` of 2 into
+/// `run_dir` (each part is half of every tensor's elements), as one rank of a sharded optimizer
+/// writes it; returns the part file.
+fn write_half(run_dir: &Path, step: u64, run_id: &str, dp: usize, weight: &Tensor) -> PathBuf {
+    let specs = specs(1);
+    let bias = Tensor::arange(8, (Kind::Float, Device::Cpu));
+    let halves = [weight.flatten(0, -1), bias];
+    let (offsets, parts): (Vec<usize>, Vec<Tensor>) = halves
+        .iter()
+        .map(|t| {
+            let half = t.numel() / 2;
+            (dp * half, t.narrow(0, (dp * half) as i64, half as i64))
+        })
+        .unzip();
+    let mut state = state(step, parts);
+    state.run_id = run_id.into();
+    state.optimizer.parts = Some(checkpoint::DpParts {
+        dp_rank: dp,
+        dp_size: 2,
+        offsets,
+        local_shapes: vec![vec![8, 3], vec![8]],
+        writes: true,
+    });
+    let tp = TpContext::single();
+    let dir = writer(run_dir, &tp, 5).save(&state, &specs).unwrap();
+    dir.join(checkpoint::part_file_name(0, dp))
+}
+
+#[test]
+fn parts_of_another_run_or_step_are_refused_naming_them() {
+    let dir = temp("belonging");
+    let weight = Tensor::randn([8, 3], (Kind::Float, Device::Cpu));
+    let half = |name: &str, step: u64, run: &str, dp: usize| {
+        write_half(&dir.join(name), step, run, dp, &weight)
+    };
+    let (a0, a1) = (half("a0", 2, "run-a", 0), half("a1", 2, "run-a", 1));
+    // The same layout written by another run, and by this run at another step.
+    let (b1, e1) = (half("b1", 2, "run-b", 1), half("e1", 1, "run-a", 1));
+    // A checkpoint directory `step` of the run directory `name` holding copies of `parts`.
+    let assemble = |name: &str, step: &str, parts: [&PathBuf; 2]| {
+        let step_dir = dir.join(name).join(step);
+        std::fs::create_dir_all(&step_dir).unwrap();
+        for part in parts {
+            std::fs::copy(part, step_dir.join(part.file_name().unwrap())).unwrap();
+        }
+        step_dir
+    };
+    let whole = assemble("whole", "step_000000002", [&a0, &a1]);
+    let loaded = checkpoint::load(&whole).unwrap();
+    assert_eq!(loaded.run_id, "run-a");
+    assert!(loaded.tensors["params"]["layer.weight"].equal(&weight));
+    for (name, stray, why) in [
+        (
+            "other-run",
+            &b1,
+            "written by run run-b, the other by run run-a",
+        ),
+        ("other-step", &e1, "it holds step 1"),
+    ] {
+        let mixed = assemble(name, "step_000000002", [&a0, stray]);
+        let err = checkpoint::load(&mixed).err().unwrap().to_string();
+        assert!(
+            err.contains("tp_00_dp_001.h5") && err.contains(why),
+            "{why}: {err}"
+        );
+        assert!(checkpoint::inspect(&mixed).is_err());
+    }
+    // A whole checkpoint copied under another step's name.
+    let renamed = assemble("renamed", "step_000000007", [&a0, &a1]);
+    let err = checkpoint::load(&renamed).err().unwrap().to_string();
+    assert!(
+        err.contains("holds step 2 but lies in the checkpoint of step 7"),
         "{err}"
     );
     std::fs::remove_dir_all(dir).unwrap();

@@ -128,6 +128,8 @@ pub struct Trainer<'a> {
     consecutive_skips: u64,
     /// The most bytes of tensors alive on the device until the model was built.
     build_peak: Option<u64>,
+    /// The run's identity, stamped on its checkpoints (kept from the checkpoint it resumes).
+    run_id: String,
 }
 
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
@@ -261,7 +263,16 @@ impl<'a> Trainer<'a> {
             step: 0,
             consecutive_skips: 0,
             build_peak,
+            run_id: String::new(),
         })
+    }
+
+    /// Name the run whose checkpoints this trainer writes ([`RunDir::fresh_id`] for a new run;
+    /// [`Trainer::restore`] takes the checkpoint's own afterwards).
+    ///
+    /// [`RunDir::fresh_id`]: crate::RunDir::fresh_id
+    pub fn set_run_id(&mut self, id: &str) {
+        self.run_id = id.to_string();
     }
 
     /// The most bytes of tensors alive on the device while the model was built (what `flux-hpc
@@ -536,6 +547,7 @@ impl<'a> Trainer<'a> {
         TrainingState {
             step: self.step,
             config: toml::to_string(&self.run).expect("configs serialise"),
+            run_id: self.run_id.clone(),
             data: self.data.position(self.consumed),
             optimizer,
         }
@@ -547,6 +559,19 @@ impl<'a> Trainer<'a> {
     /// taken: fails naming both architectures, a missing tensor, or those the model lacks.
     pub fn restore(&mut self, checkpoint: &LoadedCheckpoint) -> Result<(), String> {
         check_architecture(checkpoint, self.run.model.architecture())?;
+        let total = self.run.training.total_steps;
+        if checkpoint.step > total {
+            return Err(format!(
+                "{} holds step {} but [training] total_steps = {total}: set total_steps to at \
+                 least {} to go on from it (its weights are already trained past that)",
+                checkpoint.dir.display(),
+                checkpoint.step,
+                checkpoint.step
+            ));
+        }
+        if !checkpoint.run_id.is_empty() {
+            self.run_id = checkpoint.run_id.clone();
+        }
         let rank = self.trained().tp().rank();
         let specs = self.trained().param_specs().to_vec();
         let group = |name: &str| -> Result<Vec<tch::Tensor>, String> {

@@ -4,8 +4,9 @@
 //!
 //! Every file holds the groups `params` (f32 master weights), `exp_avg` and `exp_avg_sq` (AdamW
 //! moments), one dataset per parameter with its shard layout and CRC-32, and root attributes
-//! `format_version`, `step`, `optimizer_step`, `tp_rank`, `tp_size`, `config` (the run's TOML) and
-//! `data_epoch` / `data_index` (the data reader's position).
+//! `format_version`, `step`, `optimizer_step`, `tp_rank`, `tp_size`, `config` (the run's TOML),
+//! `run_id` (the identity of the run that wrote it) and `data_epoch` / `data_index` (the data
+//! reader's position). The files of one checkpoint must agree on step, run and config.
 //! Loading reassembles logical tensors from however many files there are, so a checkpoint written
 //! at one tensor-parallel size loads at any other.
 
@@ -116,6 +117,8 @@ pub struct TrainingState {
     pub step: u64,
     /// The run config as TOML.
     pub config: String,
+    /// The identity of the run (the same in every checkpoint it writes, across resumes).
+    pub run_id: String,
     /// Where the data reader is (restored so no sample is repeated or skipped).
     pub data: DataPosition,
     /// Master weights and moments: local shards in spec order.
@@ -132,6 +135,9 @@ pub struct LoadedCheckpoint {
     pub optimizer_step: u64,
     /// The run config it was written with.
     pub config: String,
+    /// The identity of the run that wrote it (empty for checkpoints from before run identities
+    /// and for converted weights).
+    pub run_id: String,
     /// Where the data reader was.
     pub data: DataPosition,
     /// Group → parameter name → logical tensor.
@@ -176,6 +182,7 @@ struct Header<'a> {
     /// Data-parallel rank and size, for a file of parts.
     dp: Option<(usize, usize)>,
     config: &'a str,
+    run_id: &'a str,
     data: DataPosition,
 }
 
@@ -198,6 +205,9 @@ fn write_h5(
             h5attr::write_u64(&file, "dp_size", size as u64, &tmp)?;
         }
         h5attr::write_str(&file, "config", header.config, &tmp)?;
+        if !header.run_id.is_empty() {
+            h5attr::write_str(&file, "run_id", header.run_id, &tmp)?;
+        }
         h5attr::write_u64(&file, "data_epoch", header.data.epoch, &tmp)?;
         h5attr::write_u64(&file, "data_index", header.data.index, &tmp)?;
         body(&file, &tmp)?;
@@ -223,6 +233,7 @@ fn write_file(
         tp_size,
         dp: parts.map(|p| (p.dp_rank, p.dp_size)),
         config: &state.config,
+        run_id: &state.run_id,
         data: state.data,
     };
     write_h5(path, &header, |file, tmp| {
@@ -267,6 +278,7 @@ pub fn write_weights(
         tp_size: 1,
         dp: None,
         config,
+        run_id: "",
         data: DataPosition::default(),
     };
     write_h5(&partial.join("model.h5"), &header, |file, tmp| {
@@ -379,6 +391,7 @@ impl CheckpointWriter<'_> {
                 let unified = TrainingState {
                     optimizer,
                     config: state.config.clone(),
+                    run_id: state.run_id.clone(),
                     ..*state
                 };
                 if leader {

@@ -34,6 +34,53 @@ struct Place {
     dp: (usize, usize),
 }
 
+/// What every file of one checkpoint states alike.
+struct Identity {
+    step: u64,
+    optimizer_step: u64,
+    run_id: String,
+    config: String,
+}
+
+impl Identity {
+    /// The root attributes of `file` (at `path`); `run_id` is empty where the file has none.
+    fn read(file: &hdf5::File, path: &Path) -> Result<Self, DataError> {
+        Ok(Self {
+            step: read_u64(file, "step", path)?,
+            optimizer_step: read_u64(file, "optimizer_step", path)?,
+            run_id: match file.attr("run_id") {
+                Ok(_) => read_str(file, "run_id", path)?,
+                Err(_) => String::new(),
+            },
+            config: read_str(file, "config", path)?,
+        })
+    }
+
+    /// How `self` differs from `other`, in words (`None`: it does not).
+    fn differs_from(&self, other: &Self) -> Option<String> {
+        let run = |id: &str| match id {
+            "" => "an unnamed run".to_string(),
+            id => format!("run {id}"),
+        };
+        if self.step != other.step || self.optimizer_step != other.optimizer_step {
+            Some(format!(
+                "it holds step {} (optimizer step {}), the other step {} (optimizer step {})",
+                self.step, self.optimizer_step, other.step, other.optimizer_step
+            ))
+        } else if self.run_id != other.run_id {
+            Some(format!(
+                "it was written by {}, the other by {}",
+                run(&self.run_id),
+                run(&other.run_id)
+            ))
+        } else if self.config != other.config {
+            Some("it was written with another run config".to_string())
+        } else {
+            None
+        }
+    }
+}
+
 fn open(path: &Path) -> Result<(hdf5::File, Place), DataError> {
     crate::files::require_regular(path)?;
     let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
@@ -131,11 +178,51 @@ impl Reader {
             }
             files[expected.tp.0].push((p, file));
         }
-        Ok(Self {
+        let reader = Self {
             dir: dir.to_path_buf(),
             files,
             tp_size,
-        })
+        };
+        reader.check_belonging()?;
+        Ok(reader)
+    }
+
+    /// Check that every file belongs to this checkpoint: the step the directory's name states
+    /// (`step_000000012`), and the first file's step, run and config. A part copied in from
+    /// another run, or from another step of the same run, is refused naming it.
+    fn check_belonging(&self) -> Result<(), DataError> {
+        let (first_path, first) = self.first();
+        let expected = Identity::read(first, first_path)?;
+        let named_step = self
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step_"))
+            .and_then(|digits| digits.parse::<u64>().ok());
+        if let Some(step) = named_step.filter(|&s| s != expected.step) {
+            return Err(DataError::format(
+                first_path,
+                format!(
+                    "holds step {} but lies in the checkpoint of step {step}: a file copied in \
+                     from another checkpoint",
+                    expected.step
+                ),
+            ));
+        }
+        for (path, file) in self.files.iter().flatten().skip(1) {
+            let this = Identity::read(file, path)?;
+            if let Some(what) = this.differs_from(&expected) {
+                return Err(DataError::format(
+                    path,
+                    format!(
+                        "does not belong with {}: {what}; it was copied in from another \
+                         checkpoint",
+                        first_path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The first file.
@@ -167,6 +254,12 @@ impl Reader {
     pub fn config(&self) -> Result<String, DataError> {
         let (path, file) = self.first();
         read_str(file, "config", path)
+    }
+
+    /// The identity of the run that wrote the checkpoint (empty when its files name none).
+    pub fn run_id(&self) -> Result<String, DataError> {
+        let (path, file) = self.first();
+        Ok(Identity::read(file, path)?.run_id)
     }
 
     /// Whether the checkpoint holds `group` (weights-only checkpoints hold only `params`).
@@ -281,6 +374,7 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
         step: reader.attr_u64("step")?,
         optimizer_step: reader.attr_u64("optimizer_step")?,
         config: reader.config()?,
+        run_id: reader.run_id()?,
         data: DataPosition {
             epoch: reader.attr_u64("data_epoch")?,
             index: reader.attr_u64("data_index")?,
