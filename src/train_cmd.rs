@@ -10,13 +10,12 @@ use flux_cluster::{slurm, ParallelWorld, Placement, StopRequest, StopSignals};
 use flux_data::checkpoint::{CheckpointLayout, CheckpointWriter};
 use flux_data::files;
 use flux_model::activations::Kernels;
-use flux_model::tp::Collective;
 use flux_train::memory_plan::{predict, Layout};
 use flux_train::metrics::{plot_loss_curve, StepRecord};
 use flux_train::units;
 use flux_train::{
-    starting_checkpoint, Cadence, CheckpointFormat, RunConfig, RunLog, SampleGrid, StartPolicy,
-    StepError, Trainer,
+    starting_checkpoint, Cadence, CheckpointFormat, RunConfig, RunDir, RunLog, SampleGrid,
+    StartPolicy, StepError, Trainer,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tch::Device;
@@ -69,9 +68,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
     tch::set_num_threads(placement.threads() as i32);
     let leader = world.world.rank() == 0;
     let dir = &run.checkpoint.dir;
-    prepare_run_dir(dir, world.world.as_ref())?;
+    let run_dir = RunDir::claim(dir, world.world.as_ref())?;
 
     let mut trainer = Trainer::new(&run, device, world.tp.clone(), world.dp_groups())?;
+    trainer.set_run_id(run_dir.fresh_id());
     if let Some(bytes) = trainer.build_peak_bytes() {
         tracing::info!(
             "model built: peak of this rank's tensors {:.1} MiB",
@@ -251,28 +251,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         let files: Vec<_> = finals.iter().map(|(f, _)| dir.join(f)).collect();
         summarize(records, start, &files, dir);
-    }
-    Ok(())
-}
-
-/// Create the run directory and check, on every rank and before any work, that it can be
-/// written (each rank writes and removes a probe file: the directory may be on a node-local or a
-/// shared filesystem). Every rank fails with the same directory named when any rank cannot.
-fn prepare_run_dir(dir: &Path, world: &dyn Collective) -> Result<()> {
-    let probe = dir.join(format!(".write-probe.{}", world.rank()));
-    let local = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&probe, b""))
-        .and_then(|()| std::fs::remove_file(&probe));
-    let failed = world.count_failures(local.is_err());
-    if let Err(e) = local {
-        bail!("run directory {} is not writable: {e}", dir.display());
-    }
-    if failed > 0 {
-        bail!(
-            "run directory {} is not writable on {failed} of {} rank(s)",
-            dir.display(),
-            world.size()
-        );
     }
     Ok(())
 }

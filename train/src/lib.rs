@@ -23,6 +23,7 @@ pub mod optim;
 mod overlapped_reduce;
 mod resume;
 mod run_config;
+mod run_dir;
 mod run_log;
 mod sample_grid;
 pub mod sampling;
@@ -50,6 +51,7 @@ pub use monitoring::{LoggingConfig, SamplingConfig};
 pub use overlapped_reduce::OverlappedReduce;
 pub use resume::{starting_checkpoint, StartPolicy};
 pub use run_config::{ParallelismConfig, RunConfig, RunConfigError, Sharding};
+pub use run_dir::{RunDir, RunDirError, LOCK_FILE};
 pub use run_log::{LogError, RunLog, TENSORBOARD_DIR};
 pub use sample_grid::{encode_prompts, latent_size, SampleGrid, SAMPLES_DIR};
 pub use sections::{
