@@ -10,7 +10,7 @@ use flux_cluster::Placement;
 use flux_data::convert::SafetensorsReader;
 use flux_encoders::{write_png, Autoencoder, AutoencoderConfig};
 use flux_model::tp::TpContext;
-use flux_train::sampling::{generate, start_noise, Conditioning, OdeSettings};
+use flux_train::sampling::{generate, ode_bytes, start_noise, Conditioning, OdeSettings};
 use flux_train::{encode_prompts, latent_size, synthetic_data, RunConfig, EVAL_BASE};
 use tch::{Device, Kind, Tensor};
 
@@ -91,13 +91,27 @@ pub fn run(args: SampleArgs) -> Result<()> {
         false => "final.safetensors",
     };
     let weights = args.weights.clone().unwrap_or_else(|| dir.join(default));
+    let settings = OdeSettings {
+        steps: args.steps,
+        heun: args.heun,
+        guidance: args.guidance,
+        cfg_scale: args.cfg_scale,
+    };
+    settings
+        .check()
+        .map_err(|e| anyhow!("--{} {}", e.field.replace('_', "-"), e.message))?;
+    let grid = match &args.encoders {
+        Some(folder) if !args.prompts.is_empty() => Some(latent_grid(folder, &args, &run)?),
+        _ => None,
+    };
+    fits_in_memory(&args, &run, grid.as_ref(), device)?;
     // Prompts are encoded (and the encoders freed) before the transformer is loaded.
-    let prompted = match &args.encoders {
-        Some(folder) if !args.prompts.is_empty() => {
+    let prompted = match (&args.encoders, grid) {
+        (Some(folder), Some((h, w, _))) => {
             let mut prompts = args.prompts.clone();
             prompts.extend(args.negative_prompt.clone());
             let all = encode_prompts(folder, &prompts, &run, device).map_err(|e| anyhow!(e))?;
-            Some((all, latent_grid(folder, &args, &run)?))
+            Some((all, (h, w)))
         }
         _ => None,
     };
@@ -142,12 +156,6 @@ pub fn run(args: SampleArgs) -> Result<()> {
         }
     };
     let start = start_noise(args.seed, &shape, device);
-    let settings = OdeSettings {
-        steps: args.steps,
-        heun: args.heun,
-        guidance: args.guidance,
-        cfg_scale: args.cfg_scale,
-    };
     let latents = generate(
         model.as_ref(),
         &inputs,
@@ -193,11 +201,64 @@ pub fn run(args: SampleArgs) -> Result<()> {
 }
 
 /// The model's latent grid `(height, width)` for --height / --width in pixels (each defaults
-/// to the config's latent size), through the VAE of `folder`. Fails naming the flag whose
-/// value does not divide.
-fn latent_grid(folder: &Path, args: &SampleArgs, run: &RunConfig) -> Result<(i64, i64)> {
+/// to the config's latent size), through the VAE of `folder` (returned beside it). Fails naming
+/// the flag whose value does not divide.
+fn latent_grid(
+    folder: &Path,
+    args: &SampleArgs,
+    run: &RunConfig,
+) -> Result<(i64, i64, AutoencoderConfig)> {
     let vae = AutoencoderConfig::read(&Autoencoder::find(folder)?)?;
-    latent_size(run, &vae, args.height, args.width).map_err(|(side, e)| anyhow!("--{side} {e}"))
+    let (h, w) = latent_size(run, &vae, args.height, args.width)
+        .map_err(|(side, e)| anyhow!("--{side} {e}"))?;
+    Ok((h, w, vae))
+}
+
+/// Refuse, before anything is allocated, a request whose latents (and decoded images) alone
+/// would not fit in the machine's memory, naming the size it would need (on the CPU, where an
+/// allocation that fails aborts the process rather than raising an error).
+fn fits_in_memory(
+    args: &SampleArgs,
+    run: &RunConfig,
+    grid: Option<&(i64, i64, AutoencoderConfig)>,
+    device: Device,
+) -> Result<()> {
+    let Some(have) = flux_cluster::memory::physical_bytes().filter(|_| device == Device::Cpu)
+    else {
+        return Ok(());
+    };
+    let channels = run.model.inputs().latent_channels;
+    let t = &run.training;
+    let (count, h, w) = match grid {
+        Some((h, w, _)) => (args.prompts.len() as i64, *h, *w),
+        None => (
+            i64::try_from(args.count).unwrap_or(i64::MAX),
+            t.latent_height,
+            t.latent_width,
+        ),
+    };
+    let mut need = ode_bytes(&[count, channels, h, w]);
+    if let (Some((h, w, vae)), false) = (grid, args.latents_only) {
+        let f = vae.downsampling()
+            * if vae.packed_for(channels).unwrap_or(false) {
+                2
+            } else {
+                1
+            };
+        need =
+            need.saturating_add(vae.decode_bytes(count, h.saturating_mul(f), w.saturating_mul(f)));
+    }
+    if need <= have as u128 {
+        return Ok(());
+    }
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    Err(anyhow!(
+        "sampling {count} image(s) of {h}×{w} latents needs at least {:.1} GiB for the latents \
+         and decoded images alone, more than this machine's {:.1} GiB: lower --count, --width or \
+         --height",
+        gib(need),
+        gib(have as u128)
+    ))
 }
 
 /// Decode sampled `latents` with the VAE in `folder/vae` (unpacking 2×2-packed latents,

@@ -66,6 +66,16 @@ impl AutoencoderConfig {
         }
     }
 
+    /// Bytes decoding `count` images of `height × width` pixels holds at least at once (f32):
+    /// the input and output of a convolution of the full-size block, `block_out_channels[0]`
+    /// channels per pixel each. Saturates rather than overflows.
+    pub fn decode_bytes(&self, count: i64, height: i64, width: i64) -> u128 {
+        let channels = self.block_out_channels.first().copied().unwrap_or(1);
+        [count, height, width, channels]
+            .iter()
+            .fold(2 * 4u128, |n, &side| n.saturating_mul(side.max(0) as u128))
+    }
+
     /// The factor between image and latent sides: 2 per down block after the first.
     pub fn downsampling(&self) -> i64 {
         1 << self.block_out_channels.len().saturating_sub(1)

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use flux_model::ConfigError;
 use serde::{Deserialize, Serialize};
 
+use crate::sampling::OdeSettings;
+
 /// `[logging]`: where training records go besides `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -79,13 +81,23 @@ impl SamplingConfig {
         ConfigError::check(!self.seeds.is_empty(), "seeds", || {
             "sampling needs at least one seed".into()
         })?;
-        ConfigError::check(self.steps >= 1, "steps", || "must be at least 1".into())?;
+        self.ode().check()?;
         for (name, side) in [("width", self.width), ("height", self.height)] {
             ConfigError::check(side.is_none_or(|s| s > 0), name, || {
                 format!("must be positive, got {side:?}")
             })?;
         }
         Ok(())
+    }
+
+    /// How each grid's samples are integrated (Euler's steps).
+    pub fn ode(&self) -> OdeSettings {
+        OdeSettings {
+            steps: self.steps,
+            heun: false,
+            guidance: self.guidance,
+            cfg_scale: self.cfg_scale,
+        }
     }
 
     /// Whether a grid is drawn after `step` of a run stopping at `last`.

@@ -11,7 +11,7 @@ use flux_model::tp::Collective;
 use image::RgbImage;
 use tch::{Device, Kind, Tensor};
 
-use crate::sampling::{start_noise, Conditioning, OdeSettings};
+use crate::sampling::{start_noise, Conditioning};
 use crate::{RunConfig, SamplingConfig, Trainer};
 
 /// Where, under the run directory, the grids and the shared prompt encodings go.
@@ -129,12 +129,7 @@ impl SampleGrid {
     pub fn render(&self, trainer: &Trainer) -> Result<Option<RgbImage>, String> {
         let prompts = self.cond.text.size()[0];
         let device = self.cond.text.device();
-        let settings = OdeSettings {
-            steps: self.config.steps,
-            heun: false,
-            guidance: self.config.guidance,
-            cfg_scale: self.config.cfg_scale,
-        };
+        let settings = self.config.ode();
         let [c, h, w] = self.shape;
         // One batch per seed: every prompt from that seed's noise.
         let columns: Vec<Tensor> = self

@@ -3,7 +3,7 @@
 //! classifier-free guidance.
 
 use flux_data::KeyedRng;
-use flux_model::{DiffusionBatch, DiffusionModel, InputSpec};
+use flux_model::{ConfigError, DiffusionBatch, DiffusionModel, InputSpec};
 use tch::{Device, Kind, Tensor};
 
 use crate::scheduler::{integrate, FlowMatchEulerDiscreteScheduler};
@@ -46,6 +46,31 @@ pub struct OdeSettings {
     pub guidance: Option<f64>,
     /// Two-pass classifier-free guidance scale: `v_uncond + w·(v_cond − v_uncond)`.
     pub cfg_scale: Option<f64>,
+}
+
+impl OdeSettings {
+    /// Refuse what the ODE cannot integrate: no steps, or a guidance strength or classifier-free
+    /// scale that is not a finite number (NaN or ±∞ turn every latent into NaN, decoded as an
+    /// all-black image). The error names the setting: `steps`, `guidance` or `cfg_scale`.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        ConfigError::check(self.steps >= 1, "steps", || "must be at least 1".into())?;
+        for (name, value) in [("guidance", self.guidance), ("cfg_scale", self.cfg_scale)] {
+            ConfigError::check(value.is_none_or(f64::is_finite), name, || {
+                format!("must be a finite number, got {}", value.unwrap_or_default())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes the ODE holds at least at once for latents of `shape` (f32), besides the model and its
+/// activations: the state and three tensors like it (the velocity, the second velocity of
+/// Heun's step or of classifier-free guidance, the update). Saturates rather than overflows.
+pub fn ode_bytes(shape: &[i64]) -> u128 {
+    let elements = shape
+        .iter()
+        .fold(1u128, |n, &side| n.saturating_mul(side.max(0) as u128));
+    elements.saturating_mul(4 * 4)
 }
 
 /// Classifier-free guidance in two passes: `v_uncond + w·(v_cond − v_uncond)`.
@@ -111,4 +136,34 @@ pub fn generate(
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ode_bytes_count_four_f32_latents_and_saturate() {
+        assert_eq!(ode_bytes(&[2, 16, 64, 64]), 2 * 16 * 64 * 64 * 16);
+        assert_eq!(ode_bytes(&[i64::MAX, i64::MAX, i64::MAX, 2]), u128::MAX);
+    }
+
+    #[test]
+    fn settings_the_ode_cannot_use_are_refused_by_name() {
+        let ok = OdeSettings {
+            steps: 4,
+            heun: false,
+            guidance: Some(3.5),
+            cfg_scale: None,
+        };
+        assert!(ok.check().is_ok());
+        let field = |s: OdeSettings| s.check().unwrap_err().field;
+        assert_eq!(field(OdeSettings { steps: 0, ..ok }), "steps");
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let guidance = Some(bad);
+            assert_eq!(field(OdeSettings { guidance, ..ok }), "guidance");
+            let cfg_scale = Some(bad);
+            assert_eq!(field(OdeSettings { cfg_scale, ..ok }), "cfg_scale");
+        }
+    }
 }
