@@ -23,6 +23,6 @@ pub use layout::{
 pub use order::{BatchPlan, DataPosition, SampleOrder};
 pub use prefetch::{Fetched, Prefetcher};
 pub use reader::{shard_files, LatentDataset};
-pub use validate::{validate, validate_shard, ValidationReport};
+pub use validate::{sample_ids, validate, validate_shard, ValidationReport};
 pub use values::{StorageDtype, Values};
 pub use writer::{Sample, ShardWriter};

@@ -1,8 +1,10 @@
-//! `flux-hpc data validate`: every shard's structure and every dataset's CRC-32.
+//! `flux-hpc data validate`: every shard's structure, every dataset's CRC-32 and finite values,
+//! and no sample id in two shards.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::layout::ShardLayout;
+use crate::dataset::layout::{ShardLayout, IDS};
 use crate::dataset::reader::{no_shards, shard_files};
 use crate::dataset::values::{StorageDtype, Values};
 use crate::error::DataError;
@@ -47,9 +49,14 @@ pub(crate) fn check_crc(
     ds: &hdf5::Dataset,
     dtype: Option<StorageDtype>,
 ) -> Result<(), DataError> {
+    let non_finite = std::cell::Cell::new(0u64);
     let crc = match dtype {
         Some(dtype) => crc_of(ds, |rows| {
-            Values::read_rows(dtype, ds, rows).map(|v| v.le_bytes())
+            Values::read_rows(dtype, ds, rows).map(|v| {
+                let bad = v.to_f32().iter().filter(|x| !x.is_finite()).count();
+                non_finite.set(non_finite.get() + bad as u64);
+                v.le_bytes()
+            })
         }),
         None => crc_of(ds, |rows| {
             let texts = ds.read_slice_1d::<hdf5::types::VarLenUnicode, _>(rows)?;
@@ -66,7 +73,26 @@ pub(crate) fn check_crc(
             dataset: name.into(),
         });
     }
-    Ok(())
+    match non_finite.get() {
+        0 => Ok(()),
+        n => Err(DataError::format(
+            path,
+            format!(
+                "dataset `{name}` holds {n} NaN or infinite value(s): no sample can train on them"
+            ),
+        )),
+    }
+}
+
+/// The sample ids of shard `path`, in row order.
+pub fn sample_ids(path: &Path) -> Result<Vec<String>, DataError> {
+    crate::files::require_regular(path)?;
+    let file = hdf5::File::open(path).map_err(h5err(path, "open"))?;
+    let ds = file.dataset(IDS).map_err(h5err(path, IDS))?;
+    let ids = ds
+        .read_1d::<hdf5::types::VarLenUnicode>()
+        .map_err(h5err(path, IDS))?;
+    Ok(ids.iter().map(|t| t.as_str().to_string()).collect())
 }
 
 /// Check one shard fully: layout, shapes and every CRC. Returns its layout and sample count.
@@ -95,8 +121,34 @@ pub fn validate(paths: &[PathBuf]) -> Result<ValidationReport, DataError> {
     if files.is_empty() {
         return Err(no_shards(paths));
     }
+    // Sample id → the first shard holding it.
+    let mut holders: HashMap<String, PathBuf> = HashMap::new();
     for path in files {
-        match validate_shard(&path) {
+        let checked = validate_shard(&path).and_then(|found| {
+            let ids = sample_ids(&path)?;
+            let twice: Vec<String> = ids
+                .into_iter()
+                .filter_map(|id| match holders.get(&id) {
+                    Some(first) => Some(format!("`{id}` (also in {})", first.display())),
+                    None => {
+                        holders.insert(id, path.clone());
+                        None
+                    }
+                })
+                .collect();
+            match twice.first() {
+                None => Ok(found),
+                Some(first) => Err(DataError::format(
+                    &path,
+                    format!(
+                        "holds {} sample id(s) another shard holds too, first {first}: the same \
+                         samples would train twice per epoch",
+                        twice.len()
+                    ),
+                )),
+            }
+        });
+        match checked {
             Ok((layout, rows)) => match &reference {
                 Some((first, expected)) if !expected.same_but_bucket(&layout) => {
                     report.problems.push(DataError::format(

@@ -51,10 +51,10 @@ struct Column {
 }
 
 /// Writes one shard file. Call [`ShardWriter::finish`] to publish it; dropping it unfinished
-/// leaves only a `.tmp` file behind.
+/// (an error while writing) removes its `.tmp` file and leaves nothing behind.
 pub struct ShardWriter {
     path: PathBuf,
-    tmp: PathBuf,
+    tmp: Unfinished,
     file: hdf5::File,
     layout: ShardLayout,
     numeric: Vec<Column>,
@@ -106,6 +106,7 @@ impl ShardWriter {
     ) -> Result<Self, DataError> {
         let tmp = path.with_extension("h5.tmp");
         let file = hdf5::File::create(&tmp).map_err(h5err(&tmp, "create"))?;
+        let guard = Unfinished(tmp.clone());
         layout.write(&file, &tmp)?;
         let numeric = layout
             .numeric()
@@ -143,7 +144,7 @@ impl ShardWriter {
             .collect::<Result<Vec<_>, DataError>>()?;
         Ok(Self {
             path: path.to_path_buf(),
-            tmp,
+            tmp: guard,
             file,
             layout: layout.clone(),
             numeric,
@@ -169,7 +170,7 @@ impl ShardWriter {
             || sample.mask.is_some() != self.layout.mask
         {
             return Err(DataError::format(
-                &self.tmp,
+                &self.tmp.0,
                 format!(
                     "sample `{}`: log-variance/caption/loss-mask presence differs from the \
                      shard's layout",
@@ -184,9 +185,27 @@ impl ShardWriter {
             .find(|v| !(0.0..=1.0).contains(*v))
         {
             return Err(DataError::format(
-                &self.tmp,
+                &self.tmp.0,
                 format!(
                     "sample `{}`: loss mask value {bad} is outside [0, 1]",
+                    sample.id
+                ),
+            ));
+        }
+        let non_finite = self
+            .layout
+            .numeric()
+            .into_iter()
+            .zip(sample.numeric())
+            .find_map(|((name, _), values)| {
+                let bad = values.iter().filter(|v| !v.is_finite()).count();
+                (bad > 0).then_some((name, bad))
+            });
+        if let Some((name, bad)) = non_finite {
+            return Err(DataError::format(
+                &self.tmp.0,
+                format!(
+                    "sample `{}`: `{name}` holds {bad} NaN or infinite value(s)",
                     sample.id
                 ),
             ));
@@ -196,7 +215,7 @@ impl ShardWriter {
             let expected: usize = column.shape.iter().product();
             if values.len() != expected {
                 return Err(DataError::format(
-                    &self.tmp,
+                    &self.tmp.0,
                     format!(
                         "sample `{}`: `{}` has {} values, the layout's {:?} needs {expected}",
                         sample.id,
@@ -214,14 +233,14 @@ impl ShardWriter {
                 .ds
                 .resize(shape)
                 .and_then(|()| encoded.write_rows(&column.ds, row, &column.shape))
-                .map_err(h5err(&self.tmp, column.name))?;
+                .map_err(h5err(&self.tmp.0, column.name))?;
             column.crc.update(&encoded.le_bytes());
         }
         let texts = [Some(sample.id.as_str()), sample.caption.as_deref()];
         for (column, text) in self.strings.iter_mut().zip(texts.into_iter().flatten()) {
             let value: VarLenUnicode = text.parse().map_err(|_| {
                 DataError::format(
-                    &self.tmp,
+                    &self.tmp.0,
                     format!("sample `{}`: text holds a NUL", sample.id),
                 )
             })?;
@@ -233,7 +252,7 @@ impl ShardWriter {
                         .ds
                         .write_slice(ndarray::arr1(&[value]).view(), row..row + 1)
                 })
-                .map_err(h5err(&self.tmp, column.name))?;
+                .map_err(h5err(&self.tmp.0, column.name))?;
             column.crc.update(text.as_bytes());
             column.crc.update(b"\n");
         }
@@ -243,7 +262,8 @@ impl ShardWriter {
 
     /// Record the sample count and CRC-32s, flush, fsync and rename into place. Returns the path.
     pub fn finish(self) -> Result<PathBuf, DataError> {
-        let tmp = self.tmp;
+        let guard = self.tmp;
+        let tmp = guard.0.clone();
         write_u64(&self.file, "num_samples", self.rows as u64, &tmp)?;
         for column in self.numeric.into_iter().chain(self.strings) {
             write_u64(&column.ds, "crc32", column.crc.finalize() as u64, &tmp)?;
@@ -254,6 +274,16 @@ impl ShardWriter {
             .and_then(|f| f.sync_all())
             .map_err(io(&tmp))?;
         fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        std::mem::forget(guard);
         Ok(self.path)
+    }
+}
+
+/// A shard's `.tmp` file while it is written: removed when dropped (forgotten once renamed).
+struct Unfinished(PathBuf);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
     }
 }

@@ -6,11 +6,12 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::ShardLayout;
+use crate::dataset::{sample_ids, ShardLayout};
 use crate::error::{io, DataError};
 use crate::files;
 use crate::ingest::record::split_key;
 use crate::ingest::shard::{ShardBuilder, ShardSummary};
+use crate::ingest::sources::{Source, Sources, Standing};
 use crate::ingest::{IngestOptions, IngestSummary, Progress};
 
 /// Convert the tar archive read from `reader` (named `source` in errors) into the latent shard
@@ -88,7 +89,10 @@ pub fn plan_shards(out_dir: &Path, inputs: &[(String, String)]) -> Result<Vec<Pa
         .collect()
 }
 
-/// Convert the tar files `tars` into `out_dir`, one shard each, skipping shards that exist.
+/// Convert the tar files `tars` into `out_dir`, one shard each. A rerun writes exactly what is
+/// missing, decided by content ([`Sources`]): a tar whose bytes are recorded is done, wherever it
+/// lies now; a tar whose shard name is taken by another input, or that changed since it was
+/// written, is refused by name.
 pub fn ingest_tars(
     tars: &[PathBuf],
     out_dir: &Path,
@@ -108,22 +112,40 @@ pub fn ingest_tars(
         files::require_regular(tar)?;
     }
     fs::create_dir_all(out_dir).map_err(io(out_dir))?;
+    let mut sources = Sources::open(out_dir, sample_ids)?;
     let mut summary = IngestSummary::default();
     progress.start(tars.len() as u64);
     for (tar, out) in tars.iter().zip(planned) {
         let name = tar.display().to_string();
-        if out.exists() {
-            summary.skipped += 1;
-        } else {
-            let file = files::open_regular(tar)?;
-            let reader = std::io::BufReader::new(file);
-            summary.add(convert_tar(
-                reader,
-                &name,
-                &out,
-                options,
-                summary.layout.as_ref(),
-            )?);
+        let key = fs::canonicalize(tar).map_err(io(tar))?;
+        let source = Source::of_files(&key.display().to_string(), std::slice::from_ref(tar))?;
+        let shard = out.file_name().expect("a shard file").to_string_lossy();
+        match sources.standing(&source, &name)? {
+            Standing::Done(_) => summary.skipped += 1,
+            Standing::New => {
+                if let Some(held) = sources.of_shard(&shard) {
+                    let held: Vec<&str> = held.iter().map(|s| s.key.as_str()).take(3).collect();
+                    return Err(DataError::Format {
+                        path: name,
+                        message: format!(
+                            "would be written to {}, which already holds {}: rename the tar or \
+                             ingest it into another --out",
+                            out.display(),
+                            held.join(", ")
+                        ),
+                    });
+                }
+                sources.record(&shard, vec![source])?;
+                let file = files::open_regular(tar)?;
+                let reader = std::io::BufReader::new(file);
+                summary.add(convert_tar(
+                    reader,
+                    &name,
+                    &out,
+                    options,
+                    summary.layout.as_ref(),
+                )?);
+            }
         }
         progress.advance(&name);
     }
@@ -132,8 +154,10 @@ pub fn ingest_tars(
 }
 
 /// Convert a directory of per-sample files (`{key}.{field}.npy`, `{key}.safetensors`, …) into
-/// shards `shard_000000.h5`, … of `options.samples_per_shard` keys each (keys in name order),
-/// skipping shards that exist.
+/// shards `shard_000000.h5`, … of `options.samples_per_shard` keys each (keys in name order). A
+/// rerun, or another directory into the same `out_dir`, writes exactly the samples not yet there,
+/// decided by content ([`Sources`]) into new shards; a key already written with other bytes is
+/// refused by name (sample keys are the shards' ids, unique in a directory).
 pub fn ingest_dir(
     dir: &Path,
     out_dir: &Path,
@@ -152,40 +176,50 @@ pub fn ingest_dir(
                 .push(path.clone());
         }
     }
-    let keys: Vec<_> = by_key.into_values().collect();
-    let per_shard = options.samples_per_shard.max(1);
+    let mut sources = Sources::open(out_dir, sample_ids)?;
     let mut summary = IngestSummary::default();
-    progress.start(keys.len().div_ceil(per_shard) as u64);
-    for (i, chunk) in keys.chunks(per_shard).enumerate() {
-        let out = out_dir.join(format!("shard_{i:06}.h5"));
-        if out.exists() {
-            summary.skipped += 1;
-        } else {
-            let source = dir.display().to_string();
-            let mut builder = ShardBuilder::new(
-                &out,
-                &source,
-                &options.layout,
-                options.deflate,
-                summary.layout.as_ref(),
-            );
-            for mut paths in chunk.iter().cloned() {
-                paths.sort();
-                for path in paths {
-                    files::require_regular(&path)?;
-                    let bytes = fs::read(&path).map_err(io(&path))?;
-                    let name = path.file_name().expect("a listed file").to_string_lossy();
-                    builder.add(&name, &bytes)?;
-                }
-            }
-            let written = builder.finish()?;
-            summary.add(written);
+    let mut missing = Vec::new();
+    for (key, mut paths) in by_key {
+        paths.sort();
+        let source = Source::of_files(&key, &paths)?;
+        let shown = dir.join(&key).display().to_string();
+        match sources.standing(&source, &shown)? {
+            Standing::Done(_) => summary.skipped += 1,
+            Standing::New => missing.push((source, paths)),
         }
+    }
+    let per_shard = options.samples_per_shard.max(1);
+    let first = sources.next_index(DIR_SHARD_PREFIX);
+    progress.start(missing.len().div_ceil(per_shard) as u64);
+    for (i, chunk) in missing.chunks(per_shard).enumerate() {
+        let shard = format!("{DIR_SHARD_PREFIX}{:06}.h5", first + i);
+        let out = out_dir.join(&shard);
+        let source = dir.display().to_string();
+        let mut builder = ShardBuilder::new(
+            &out,
+            &source,
+            &options.layout,
+            options.deflate,
+            summary.layout.as_ref(),
+        );
+        for (_, paths) in chunk {
+            for path in paths {
+                files::require_regular(path)?;
+                let bytes = fs::read(path).map_err(io(path))?;
+                let name = path.file_name().expect("a listed file").to_string_lossy();
+                builder.add(&name, &bytes)?;
+            }
+        }
+        sources.record(&shard, chunk.iter().map(|(s, _)| s.clone()).collect())?;
+        summary.add(builder.finish()?);
         progress.advance(&out.display().to_string());
     }
     progress.finish();
     Ok(summary)
 }
+
+/// The name shards of a directory ingest start with.
+const DIR_SHARD_PREFIX: &str = "shard_";
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@ mod local;
 mod npy;
 mod record;
 mod shard;
+mod sources;
 mod stream;
 
 pub use http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
@@ -15,6 +16,7 @@ pub use local::{convert_tar, ingest_dir, ingest_tars, plan_shards, shard_path};
 pub use npy::{parse_npy, NpyArray};
 pub use record::{split_key, LayoutChoice, Record};
 pub use shard::{ShardBuilder, ShardSummary};
+pub use sources::{Source, Sources, Standing, SOURCES_FILE};
 pub use stream::{ingest_http, read_failed, write_failed, FailedFile, HttpSource};
 
 use crate::dataset::ShardLayout;
@@ -35,7 +37,7 @@ pub struct IngestOptions {
 pub struct IngestSummary {
     /// Shards written by this run.
     pub written: u64,
-    /// Shards that already existed (resume).
+    /// Inputs already written (resume): tars, or samples of a directory.
     pub skipped: u64,
     /// Samples written by this run.
     pub samples: u64,

@@ -17,7 +17,8 @@ pub struct ShardSummary {
 }
 
 /// Receives files one by one and writes their samples; the shard's layout is inferred from the
-/// first sample. Dropped unfinished, it removes its temporary file.
+/// first sample. Dropped unfinished, it leaves nothing behind (its writer removes its temporary
+/// file).
 pub struct ShardBuilder<'a> {
     out: PathBuf,
     source: String,
@@ -112,13 +113,5 @@ impl<'a> ShardBuilder<'a> {
         let samples = writer.len() as u64;
         writer.finish()?;
         Ok(ShardSummary { samples, layout })
-    }
-}
-
-impl Drop for ShardBuilder<'_> {
-    fn drop(&mut self) {
-        if self.writer.take().is_some() {
-            let _ = std::fs::remove_file(self.out.with_extension("h5.tmp"));
-        }
     }
 }

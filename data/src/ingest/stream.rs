@@ -1,8 +1,9 @@
 //! Streaming ingest from an HTTP base URL: a manifest of tar shards and their MD5s is fetched,
 //! `concurrency` threads download ahead, at most `prefetch` downloaded files sit on disk at once,
 //! and the main thread converts them strictly in manifest order and deletes each after use.
-//! Files that still fail after the retries, or fail to convert, are skipped and listed in `failed_files.json`; shards
-//! already converted are skipped, so re-running resumes.
+//! Files that still fail after the retries, or fail to convert, are skipped and listed in
+//! `failed_files.json`; shards already converted from the same URL are skipped, so re-running
+//! resumes, and a shard name another source already wrote is refused ([`Sources`]).
 
 use std::collections::HashMap;
 use std::fs;
@@ -11,9 +12,11 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::sample_ids;
 use crate::error::{io, DataError};
 use crate::ingest::http::{parse_manifest, parse_md5_list, Client, RetryPolicy};
 use crate::ingest::local::{convert_tar, plan_shards};
+use crate::ingest::sources::{Source, Sources};
 use crate::ingest::{IngestOptions, IngestSummary, Progress};
 
 /// Where and how to stream from.
@@ -115,11 +118,33 @@ pub fn ingest_http(
         None => None,
     };
     let mut summary = IngestSummary::default();
-    let (todo, outs): (Vec<String>, Vec<PathBuf>) = names
-        .into_iter()
-        .zip(planned)
-        .filter(|(_, out)| !out.exists())
-        .unzip();
+    let mut sources = Sources::open(out_dir, sample_ids)?;
+    let mut todo = Vec::new();
+    let mut outs = Vec::new();
+    for (name, out) in names.into_iter().zip(planned) {
+        let key = url_of(&source.base_url, &name);
+        let shard = out.file_name().expect("a shard file").to_string_lossy();
+        match sources.of_shard(&shard) {
+            None => {
+                todo.push(name);
+                outs.push(out);
+            }
+            // Written from this URL; or by a run from before the record, which named shards
+            // after their files alone.
+            Some(held) if held.iter().any(|s| s.key == key || s.bytes.is_none()) => {}
+            Some(held) => {
+                return Err(DataError::Format {
+                    path: key,
+                    message: format!(
+                        "would be written to {}, which already holds {}: ingest it into \
+                         another --out",
+                        out.display(),
+                        held[0].key
+                    ),
+                })
+            }
+        }
+    }
     summary.skipped = (inputs.len() - todo.len()) as u64;
     progress.start(inputs.len() as u64);
     progress.skip(summary.skipped);
@@ -197,11 +222,14 @@ pub fn ingest_http(
         };
         match downloaded {
             Ok((file, attempts)) => {
-                let converted = fs::File::open(&file)
-                    .map_err(io(&file))
+                let out = &outs[job];
+                let shard = out.file_name().expect("a shard file").to_string_lossy();
+                let key = url_of(&source.base_url, name);
+                let converted = Source::of_files(&key, std::slice::from_ref(&file))
+                    .and_then(|record| sources.record(&shard, vec![record]))
+                    .and_then(|()| fs::File::open(&file).map_err(io(&file)))
                     .map(std::io::BufReader::new)
                     .and_then(|reader| {
-                        let out = &outs[job];
                         convert_tar(reader, name, out, options, summary.layout.as_ref())
                     });
                 let _ = fs::remove_file(&file);
