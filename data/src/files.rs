@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{io, DataError};
 
 /// What kind of file `path` is, in words, when it is not a regular file (symlinks followed).
-fn not_regular(meta: &fs::Metadata) -> Option<&'static str> {
+pub fn not_regular(meta: &fs::Metadata) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
     match () {

@@ -15,6 +15,7 @@ pub mod buckets;
 pub mod captions;
 pub mod clip;
 pub mod encode;
+pub mod image_files;
 pub mod png;
 pub mod prompt;
 pub mod t5;
