@@ -93,9 +93,10 @@ int flux_c10d_has_nccl() {
 }
 
 // A TCP store at host:port; the server (on one rank) listens on `port`, 0 for any free port, and
-// waits for nobody; clients connect within `timeout_ms`. The bound port goes to `*bound_port`.
-Store* flux_c10d_store(const char* host, int port, int is_server, int world, int64_t timeout_ms,
-                       int* bound_port) {
+// waits for nobody; clients connect within `connect_timeout_ms`, and the store's operations wait
+// up to `timeout_ms`. The bound port goes to `*bound_port`.
+Store* flux_c10d_store(const char* host, int port, int is_server, int world,
+                       int64_t connect_timeout_ms, int64_t timeout_ms, int* bound_port) {
   return guarded(
       [&]() -> Store* {
         c10d::TCPStoreOptions options;
@@ -103,8 +104,11 @@ Store* flux_c10d_store(const char* host, int port, int is_server, int world, int
         options.isServer = is_server != 0;
         options.numWorkers = world;
         options.waitWorkers = false;
-        options.timeout = std::chrono::milliseconds(timeout_ms);
+        // Reaching the store is bounded by the connect timeout; the store's own operations
+        // (the groups' rendezvous) by the collective timeout.
+        options.timeout = std::chrono::milliseconds(connect_timeout_ms);
         auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+        store->setTimeout(std::chrono::milliseconds(timeout_ms));
         *bound_port = store->getPort();
         return new Store{store};
       },

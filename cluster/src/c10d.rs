@@ -28,6 +28,7 @@ extern "C" {
         port: i32,
         is_server: i32,
         world: i32,
+        connect_timeout_ms: i64,
         timeout_ms: i64,
         bound_port: *mut i32,
     ) -> *mut Handle;
@@ -82,6 +83,28 @@ impl Drop for Store {
     }
 }
 
+/// How long a rank tries to reach the rendezvous store (an unreachable `MASTER_ADDR` fails in
+/// this time, not in the collective timeout); the store's operations keep the collective timeout.
+const STORE_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The port `MASTER_PORT` names (0, any free port, when unset); an error naming the variable
+/// when it is set to anything but a port number.
+fn master_port() -> Result<u16, String> {
+    let value = std::env::var_os("MASTER_PORT");
+    port_of(value.as_ref().map(|v| v.to_string_lossy()).as_deref())
+}
+
+/// The port a `MASTER_PORT` value names (`None`: unset, any free port).
+fn port_of(value: Option<&str>) -> Result<u16, String> {
+    match value {
+        None => Ok(0),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| format!("MASTER_PORT = {text:?} is not a port number (0 to 65535)")),
+    }
+}
+
 impl Store {
     /// Open the store on rank 0 of `world` (on `MASTER_ADDR`'s host when set, else this host's
     /// name, and `MASTER_PORT` when set, else any free port), broadcast its address over MPI and
@@ -97,11 +120,8 @@ impl Store {
         let mut opened = None;
         if leader {
             let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| hostname());
-            let port = std::env::var("MASTER_PORT")
-                .ok()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            let store = Self::open(&host, port, true, world.size(), timeout);
+            let store =
+                master_port().and_then(|port| Self::open(&host, port, true, world.size(), timeout));
             if let Ok((_, bound)) = &store {
                 let text = format!("{host}:{bound}");
                 address[..text.len()].copy_from_slice(text.as_bytes());
@@ -113,10 +133,16 @@ impl Store {
         let text = text.trim_end_matches('\0');
         let store = match (opened, text.rsplit_once(':')) {
             (Some(store), _) => store.map(|(s, _)| s),
-            (None, Some((host, port))) => {
-                let port = port.parse().unwrap_or(0);
-                Self::open(host, port, false, world.size(), timeout).map(|(s, _)| s)
-            }
+            (None, Some((host, port))) => match port.parse() {
+                Ok(port) => {
+                    tracing::info!(
+                        "connecting to rank 0's rendezvous store at {host}:{port} (for up to {} s)",
+                        STORE_CONNECT_TIMEOUT.min(timeout).as_secs()
+                    );
+                    Self::open(host, port, false, world.size(), timeout).map(|(s, _)| s)
+                }
+                Err(_) => Err(format!("rank 0 sent the store address {text:?}")),
+            },
             (None, None) => Err("rank 0 could not open the rendezvous store".into()),
         };
         agree(world, backend, store, "the rendezvous store")
@@ -130,6 +156,7 @@ impl Store {
         timeout: Duration,
     ) -> Result<(Self, u16), String> {
         let c_host = CString::new(host).map_err(|e| e.to_string())?;
+        let connect = STORE_CONNECT_TIMEOUT.min(timeout);
         let mut bound = 0;
         // SAFETY: a NUL-terminated host and an out-parameter that outlive the call.
         let store = unsafe {
@@ -138,6 +165,7 @@ impl Store {
                 port.into(),
                 server.into(),
                 world,
+                connect.as_millis() as i64,
                 timeout.as_millis() as i64,
                 &mut bound,
             )
@@ -510,4 +538,19 @@ fn fail(group: &str, message: &str) -> ! {
     eprintln!("error: {group}: collective failed: {message}; ending the job");
     // SAFETY: `_exit` ends the process at once (MPI's finalisation would wait for the peers).
     unsafe { libc::_exit(3) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_port_is_a_port_number_or_refused_naming_it() {
+        assert_eq!(port_of(None), Ok(0));
+        assert_eq!(port_of(Some(" 29500 ")), Ok(29500));
+        for bad in ["abc", "70000", "-1", ""] {
+            let err = port_of(Some(bad)).unwrap_err();
+            assert!(err.contains("MASTER_PORT") && err.contains(bad), "{err}");
+        }
+    }
 }

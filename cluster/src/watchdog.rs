@@ -3,7 +3,9 @@
 //! its node without its process dying; then every other rank waits too and the job burns its
 //! allocation. Each collective marks when it started; a watchdog thread ends this process with a
 //! clear error when one has waited longer than the timeout, and the launcher (mpirun, srun) then
-//! ends the job's other ranks. Every waiting rank reports for itself, so each log names it.
+//! ends the job's other ranks. Every waiting rank reports for itself, so each log names it; a
+//! wait of a minute or more is reported while it goes on (again each time it doubles), so a job
+//! waiting on a stopped peer says so long before it is ended.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -41,13 +43,28 @@ impl Drop for InFlight {
 
 /// How long the collective in flight has waited, if one is.
 fn waited() -> Option<Duration> {
+    in_flight().map(|(_, waited)| waited)
+}
+
+/// The collective in flight, if one is: its start mark and how long it has waited.
+fn in_flight() -> Option<(u64, Duration)> {
     match IN_FLIGHT.load(Ordering::Acquire) {
         0 => None,
         start => {
             let now = epoch().elapsed().as_millis() as u64 + 1;
-            Some(Duration::from_millis(now.saturating_sub(start)))
+            Some((start, Duration::from_millis(now.saturating_sub(start))))
         }
     }
+}
+
+/// How long a collective waits before its rank says so (then again each time the wait doubles).
+const FIRST_REPORT: Duration = Duration::from_secs(60);
+
+/// When a wait of `waited` should be reported, given the next report due (`None`: none yet, the
+/// first due at [`FIRST_REPORT`]): `Some(next due)` when it should be now.
+fn report_due(waited: Duration, due: Option<Duration>) -> Option<Duration> {
+    let due = due.unwrap_or(FIRST_REPORT);
+    (waited >= due).then(|| due * 2)
 }
 
 /// Start the watchdog thread of this process (once; later calls change nothing): when a
@@ -60,10 +77,27 @@ pub fn start(timeout: Duration, rank: usize, world: usize) {
         let poll = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(5));
         std::thread::Builder::new()
             .name("collective-watchdog".into())
-            .spawn(move || loop {
-                std::thread::sleep(poll);
-                if let Some(waited) = waited().filter(|w| *w > timeout) {
-                    eprintln!(
+            .spawn(move || {
+                // The collective last reported on, and when its next report is due.
+                let mut reported: Option<(u64, Duration)> = None;
+                loop {
+                    std::thread::sleep(poll);
+                    if let Some((start, waited)) = in_flight().filter(|(_, w)| *w <= timeout) {
+                        let due = reported.filter(|(s, _)| *s == start).map(|(_, d)| d);
+                        if let Some(next) = report_due(waited, due) {
+                            reported = Some((start, next));
+                            eprintln!(
+                            "warning: rank {rank} of {world}: a collective over {} rank(s) has \
+                             waited {:.0} s for its peers (the job ends at [parallelism] \
+                             collective_timeout_s = {} s)",
+                            GROUP_SIZE.load(Ordering::Relaxed),
+                            waited.as_secs_f64(),
+                            timeout.as_secs()
+                        );
+                        }
+                    }
+                    if let Some(waited) = waited().filter(|w| *w > timeout) {
+                        eprintln!(
                         "error: rank {rank} of {world}: a collective over {} rank(s) has waited \
                          {:.0} s for its peers, longer than [parallelism] collective_timeout_s = \
                          {}: a rank stopped responding (hung, stopped, or its node was lost); \
@@ -72,9 +106,10 @@ pub fn start(timeout: Duration, rank: usize, world: usize) {
                         waited.as_secs_f64(),
                         timeout.as_secs()
                     );
-                    // SAFETY: `_exit` ends the process at once; nothing here is left half-done
-                    // that a normal exit would complete (the run's files are written atomically).
-                    unsafe { libc::_exit(3) };
+                        // SAFETY: `_exit` ends the process at once; nothing here is left half-done
+                        // that a normal exit would complete (the run's files are written atomically).
+                        unsafe { libc::_exit(3) };
+                    }
                 }
             })
             .expect("the watchdog thread starts");
@@ -93,5 +128,14 @@ mod tests {
         assert!(waited().expect("in flight") >= Duration::from_millis(20));
         drop(guard);
         assert!(waited().is_none());
+    }
+
+    #[test]
+    fn long_waits_are_reported_as_they_double() {
+        let s = Duration::from_secs;
+        assert_eq!(report_due(s(59), None), None);
+        assert_eq!(report_due(s(60), None), Some(s(120)));
+        assert_eq!(report_due(s(100), Some(s(120))), None);
+        assert_eq!(report_due(s(130), Some(s(120))), Some(s(240)));
     }
 }
