@@ -427,6 +427,15 @@ fn require_model(tree: &toml::Table) -> Result<(), ConfigError> {
             "the [model] table is empty; give the model's shape (configs/flux_12b.toml spells \
              out FLUX.1 [dev])",
         )),
+        // An architecture alone would silently mean its largest defaults (11.9 B for FLUX.1).
+        Some(toml::Value::Table(t)) if t.keys().all(|k| k == "architecture") => {
+            Err(ConfigError::new(
+                "model",
+                "the [model] table names only its architecture; give the model's shape as well \
+                 (configs/flux_12b.toml spells out FLUX.1 [dev], configs/*_tiny.toml small \
+                 ones)",
+            ))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -444,11 +453,21 @@ fn apply_override(tree: &mut toml::Table, item: &str) -> Result<(), RunConfigErr
         return Err(bad("the key must be dotted, like model.hidden_size"));
     }
     let raw = raw.trim();
-    let value = format!("v = {raw}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        // Text after the value (a newline and another key) would be dropped unread.
+        Ok(t) if t.len() > 1 => {
+            return Err(bad(
+                "holds more than one value (a newline in it?): give each key its own --set",
+            ))
+        }
+        Ok(mut t) => t.remove("v").expect("the key just parsed"),
+        Err(_) if raw.contains('\n') => {
+            return Err(bad(
+                "holds a newline: a multi-line value must be a TOML string (\"\"\"…\"\"\")",
+            ))
+        }
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
     let (last, parents) = path.split_last().expect("non-empty path");
     let mut table = tree;
     for part in parents {

@@ -432,10 +432,23 @@ impl CheckpointConfig {
         ConfigError::check(!self.dir.as_os_str().is_empty(), "dir", || {
             "is empty; name the run directory".into()
         })?;
+        // A filesystem root (`/`, or `/..`) is every other run's directory too.
+        let root = self.dir.has_root() && !self.dir.components().any(is_named);
+        ConfigError::check(!root, "dir", || {
+            format!(
+                "{} is a filesystem root; name a directory of the run's own",
+                self.dir.display()
+            )
+        })?;
         ConfigError::check(self.keep >= 1, "keep", || {
             "must keep at least 1 checkpoint".into()
         })
     }
+}
+
+/// Whether a path component names a directory (not the root, `.` or `..`).
+fn is_named(c: std::path::Component) -> bool {
+    matches!(c, std::path::Component::Normal(_))
 }
 
 /// `[lora]`: train low-rank adapters on the selected linears while the base model stays frozen
