@@ -43,7 +43,9 @@ enum DataCommand {
     ///   --url BASE       streamed from HTTP: BASE/MANIFEST lists tar shards, BASE/MD5 their
     ///                    digests; downloads run concurrently with retries and backoff, failures
     ///                    are skipped and listed in OUT/failed_files.json.
-    /// Re-running resumes: shards already in OUT are skipped.
+    /// Re-running resumes by content: OUT/sources.jsonl records each shard's inputs with their
+    /// size and CRC-32, so a rerun writes exactly what is missing, and an input that changed, or
+    /// another input under a name already taken, is refused by name.
     ///
     /// Example: flux-hpc data ingest --url https://host/flux --manifest shards.txt \
     ///            --md5 md5sums.txt --out data/train
@@ -55,9 +57,12 @@ enum DataCommand {
     /// own, are resized (bicubic) to cover it and center-cropped; captions come from a sidecar
     /// `{stem}.txt` or from --captions (JSONL `{"file", "caption"}` lines or `file,caption` CSV).
     /// Each bucket is written to its own shards `{W}x{H}_{N}.h5`, which training reads as
-    /// resolution buckets. Unreadable or too-small images are skipped and listed in
+    /// resolution buckets. Images are turned upright by their EXIF orientation first; directory
+    /// links are followed without loops and each file is read once. Unreadable or too-small
+    /// images, special files and captions that are not UTF-8 text are skipped and listed in
     /// OUT/failed_files.json; OUT/empty_prompt.safetensors holds the empty caption's encodings.
-    /// Re-running resumes: shards already in OUT are skipped.
+    /// Re-running resumes by content (OUT/sources.jsonl): new images go into new shards, an image
+    /// that changed since it was encoded is refused by name.
     ///
     /// Example: flux-hpc data encode --images photos/ --encoders FLUX.1-dev --out data/photos \
     ///            --buckets 1024x1024,1152x896,896x1152 --text-len 512
@@ -290,7 +295,7 @@ fn ingest(args: IngestArgs) -> Result<()> {
 /// samples, and each input skipped (`what` names them) with its reason.
 fn report(out: &Path, [written, samples, skipped]: [u64; 3], failed: &[FailedFile], what: &str) {
     println!(
-        "wrote {written} shard(s) with {samples} samples to {}; {skipped} already present",
+        "wrote {written} shard(s) with {samples} samples to {}; {skipped} input(s) already present",
         out.display()
     );
     if !failed.is_empty() {

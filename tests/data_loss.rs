@@ -78,6 +78,16 @@ fn restarting_in_a_used_run_directory_needs_force_and_retention_keeps_latest() {
     assert_eq!(checkpoints(&dir), ["step_000000004"]);
     let config = read(&dir.join("config.toml"));
 
+    // total_steps below the checkpoint's step would be dropped: refused, naming both.
+    let out = run(&dir, 3, &["checkpoint.keep=1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("holds step 4 but [training] total_steps = 3"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(read(&dir.join("config.toml")), config);
+
     // resume = false would restart at step 0 and, with keep = 1, delete its own step 2 (older
     // than the earlier run's step 4) right after publishing it: refused, nothing touched.
     let out = run(&dir, 2, &["checkpoint.keep=1", "checkpoint.resume=false"]);
@@ -145,6 +155,14 @@ fn a_signal_before_the_last_step_checkpoints_and_exits_non_zero() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
+    // A second run in the same directory meanwhile is refused, naming the holder.
+    let second = train(None, &dir, &["training.total_steps=5"]);
+    assert!(!second.status.success(), "two runs shared a directory");
+    let log = stderr(&second);
+    assert!(
+        log.contains("is in use by another run") && log.contains(&format!("pid {}", child.id())),
+        "{log}"
+    );
     ok(&Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .output()
@@ -252,6 +270,105 @@ fn ingest_inputs_that_would_share_a_shard_are_refused_naming_both() {
 }
 
 #[test]
+fn ingest_resumes_by_content_adding_new_inputs_and_refusing_changed_ones() {
+    let dir = sources("ingest-content", &[]);
+    let all = tars(&dir);
+    let out_dir = dir.join("h5");
+    let ingest = |tar: &Path| {
+        flux_hpc(&[
+            "data",
+            "ingest",
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--tar",
+            tar.to_str().unwrap(),
+        ])
+    };
+    // A tar from another folder under a basename already ingested, with other bytes: refused,
+    // naming the tar that holds the shard; the same bytes from elsewhere: already present.
+    for (sub, source) in [("x", &all[0]), ("y", &all[1]), ("z", &all[0])] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::copy(source, dir.join(sub).join("part.tar")).unwrap();
+    }
+    ok(&ingest(&dir.join("x/part.tar")));
+    let out = ingest(&dir.join("y/part.tar"));
+    assert!(
+        !out.status.success(),
+        "a second part.tar was taken as present"
+    );
+    assert!(
+        stderr(&out).contains("y/part.tar") && stderr(&out).contains("x/part.tar"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ingest(&dir.join("z/part.tar"));
+    ok(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("wrote 0 shard(s) with 0 samples")
+            && String::from_utf8_lossy(&out.stdout).contains("; 1 input(s) already present"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Directories of samples: keys sorting before the ingested ones, and a second directory,
+    // are added in new shards; a key already ingested with other bytes is refused by name.
+    let files = dir.join("samples");
+    let into = dir.join("from-dirs");
+    let ingest_dir = |source: &Path| common::latents::ingest_dir(source, &into, "2", &[]);
+    for key in ["k1", "k2"] {
+        common::latents::write_npy_sample(&files.join("a"), key, &[16, 8, 8], None);
+    }
+    ok(&ingest_dir(&files.join("a")));
+    common::latents::write_npy_sample(&files.join("b"), "k0", &[16, 8, 8], None);
+    let out = ingest_dir(&files.join("b"));
+    ok(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("wrote 1 shard(s) with 1 samples"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = ingest_dir(&files.join("a"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("wrote 0 shard(s) with 0 samples")
+            && String::from_utf8_lossy(&out.stdout).contains("; 2 input(s) already present"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let validated = flux_hpc(&["data", "validate", into.to_str().unwrap()]);
+    ok(&validated);
+    assert!(String::from_utf8_lossy(&validated.stdout).contains("with 3 samples"));
+    common::latents::write_npy_sample(&files.join("c"), "k1", &[16, 8, 8], None);
+    let out = ingest_dir(&files.join("c"));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("`k1` is already written into"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Non-finite values are refused at ingest, naming the sample.
+    let nan = sources("ingest-nan", &["--nan-sample", "00001_0004"]);
+    let nan_tar = tars(&nan).remove(1);
+    let out = flux_hpc(&[
+        "data",
+        "ingest",
+        "--out",
+        nan.join("h5").to_str().unwrap(),
+        "--tar",
+        nan_tar.as_str(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("00001_0004") && stderr(&out).contains("NaN"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!nan.join("h5/part_00001.h5.tmp").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(nan).unwrap();
+}
+
+#[test]
 fn bad_command_lines_and_config_files_are_refused_up_front() {
     let dir = temp_dir("bad-input");
     std::fs::create_dir_all(&dir).unwrap();
@@ -279,6 +396,33 @@ fn bad_command_lines_and_config_files_are_refused_up_front() {
     mkfifo(&fifo);
     let out = flux_hpc(&["info", fifo.to_str().unwrap()]);
     assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
+
+    // A --set value with a second key after a newline, and the filesystem root as run
+    // directory: refused naming them, nothing dropped or written.
+    let out = flux_hpc(&[
+        "info",
+        "configs/flux_tiny.toml",
+        "--set",
+        "training.total_steps=5\ntraining.seed=3",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("more than one value"),
+        "{}",
+        stderr(&out)
+    );
+    let out = flux_hpc(&[
+        "info",
+        "configs/flux_tiny.toml",
+        "--set",
+        "checkpoint.dir=\"/\"",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("checkpoint.dir") && stderr(&out).contains("filesystem root"),
+        "{}",
+        stderr(&out)
+    );
 
     // `data validate` over nothing is a failure, not "0 problems".
     let out = flux_hpc(&["data", "validate", dir.to_str().unwrap()]);
@@ -312,6 +456,28 @@ fn a_corrupt_final_weights_file_is_refused_by_sample() {
         ])
     };
     ok(&sample());
+    // Settings the ODE cannot use, and a request that cannot fit, refused before any work.
+    let refused = |extra: &[&str], expect: &str| {
+        let mut args = vec![
+            "sample",
+            "configs/flux_tiny.toml",
+            "--device",
+            "cpu",
+            "--set",
+            &config,
+        ];
+        args.extend(extra);
+        let out = flux_hpc(&args);
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        assert!(stderr(&out).contains(expect), "{extra:?}: {}", stderr(&out));
+    };
+    refused(&["--guidance", "nan"], "--guidance must be a finite number");
+    refused(
+        &["--cfg-scale", "inf"],
+        "--cfg-scale must be a finite number",
+    );
+    refused(&["--steps", "0"], "--steps must be at least 1");
+    refused(&["--count", "1000000000000"], "GiB for the latents");
     let len = std::fs::metadata(&weights).unwrap().len();
     flip_bit_at(&weights, len - 6);
     let out = sample();

@@ -16,6 +16,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use common::{flux_hpc, ok, python, temp_dir, train};
 
@@ -303,6 +304,140 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
             && stderr.contains(
                 "empty_prompt.safetensors: `t5` has shape [4, 32], the shards' is [8, 32]"
             ),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A noise PNG of `w`×`h` seeded by `seed` at `path` (with a `{stem}.txt` caption when given).
+fn noise_png(path: &Path, w: u32, h: u32, seed: u8, caption: Option<&[u8]>) {
+    let image = image::RgbImage::from_fn(w, h, |x, y| {
+        let v = (x * 31 + y * 17 + u32::from(seed) * 101) as u8;
+        image::Rgb([v, v.wrapping_mul(3), v ^ seed])
+    });
+    image.save(path).unwrap();
+    if let Some(caption) = caption {
+        std::fs::write(path.with_extension("txt"), caption).unwrap();
+    }
+}
+
+#[test]
+fn encode_reads_each_file_once_upright_and_resumes_by_content() {
+    let dir = temp_dir("encode-inputs");
+    let folder = flux_folder(&dir);
+    let (images, shards) = (dir.join("images"), dir.join("shards"));
+    std::fs::create_dir_all(images.join("sub")).unwrap();
+    for i in 0..3 {
+        noise_png(
+            &images.join(format!("square{i}.png")),
+            32,
+            32,
+            i,
+            Some(b"a square"),
+        );
+    }
+    // A portrait phone photo: stored 96×60, EXIF orientation 6 (upright 60×96).
+    ok(&python(
+        "make_images.py",
+        &[
+            images.as_os_str(),
+            "--portrait".as_ref(),
+            "portrait.jpg".as_ref(),
+        ],
+    ));
+    // A link back up the tree (a loop), and a second path to the same file.
+    std::os::unix::fs::symlink(&images, images.join("sub/loop")).unwrap();
+    std::os::unix::fs::symlink(images.join("square0.png"), images.join("again.png")).unwrap();
+    // Special files and captions that are not text.
+    let fifo = images.join("fifo.png");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    noise_png(&images.join("latin1.png"), 32, 32, 7, Some(b"caf\xe9"));
+    noise_png(&images.join("dircap.png"), 32, 32, 8, None);
+    std::fs::create_dir(images.join("dircap.txt")).unwrap();
+    let fifo_caption = images.join("fifocap.txt");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo_caption)
+        .status()
+        .unwrap()
+        .success());
+    noise_png(&images.join("fifocap.png"), 32, 32, 9, None);
+
+    let encode = || {
+        flux_hpc(&[
+            "data",
+            "encode",
+            "--images",
+            images.to_str().unwrap(),
+            "--encoders",
+            folder.to_str().unwrap(),
+            "--out",
+            shards.to_str().unwrap(),
+            "--config",
+            common::FLUX_TINY,
+            "--set",
+            BUCKETS,
+            "--min-side",
+            "16",
+            "--samples-per-shard",
+            "2",
+            "--device",
+            "cpu",
+        ])
+    };
+    let out = encode();
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // square0..2 and the portrait, each once; the portrait in the tall bucket.
+    for line in [
+        "bucket 32x32        6 image(s)",
+        "bucket 32x48        1 image(s)",
+        "with 4 samples",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    let failed = std::fs::read_to_string(shards.join("failed_files.json")).unwrap();
+    for (file, why) in [
+        ("fifo.png", "FIFO"),
+        // The first path in order is kept: the link sorts first.
+        ("square0.png", "same file as again.png"),
+        ("latin1.png", "latin1.txt"),
+        ("dircap.png", "a directory"),
+        ("fifocap.png", "FIFO"),
+    ] {
+        assert!(
+            failed.contains(file) && failed.contains(why),
+            "{file}: {why}: {failed}"
+        );
+    }
+    assert!(!failed.contains("loop"), "{failed}");
+
+    // Inputs that sort before the encoded ones are added, and nothing is encoded twice.
+    noise_png(&images.join("aaa.png"), 32, 32, 10, Some(b"a first photo"));
+    let out = encode();
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("wrote 1 shard(s) with 1 samples") && stdout.contains("4 input(s) already"),
+        "{stdout}"
+    );
+    let validated = flux_hpc(&["data", "validate", shards.to_str().unwrap()]);
+    ok(&validated);
+    assert!(
+        String::from_utf8_lossy(&validated.stdout).contains("5 samples"),
+        "{}",
+        String::from_utf8_lossy(&validated.stdout)
+    );
+    // An image that changed since it was encoded is refused by name.
+    noise_png(&images.join("square1.png"), 32, 32, 11, None);
+    let out = encode();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("square1.png") && stderr.contains("already written into"),
         "{stderr}"
     );
     std::fs::remove_dir_all(dir).unwrap();

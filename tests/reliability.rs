@@ -4,14 +4,15 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
 use common::latents::{ingest_tars, sources};
 use common::{
-    assert_same_records, flip_bit_in, flux_hpc, flux_hpc_with, ok, records, temp_dir, train,
-    train_command,
+    assert_same_records, flip_bit_in, flux_hpc, flux_hpc_with, ok, python, records, temp_dir,
+    train, train_command,
 };
 
 fn stderr(out: &Output) -> String {
@@ -286,8 +287,13 @@ fn a_corrupt_shard_is_named_by_its_checksum_and_ends_the_job() {
 fn a_nan_sample_is_skipped_or_stops_the_run_with_a_diagnostic_dump() {
     // Sample 00001_0004 is the 11th of 18; without shuffling, step 2 (samples 8..16) holds it,
     // and the 8 held-out samples (the first 8) do not.
-    let dir = sources("nan", &["--nan-sample", "00001_0004"]);
+    let dir = sources("nan", &[]);
     let (h5, _) = ingest_tars(&dir);
+    let shard = h5.join("part_00001.h5");
+    ok(&python(
+        "poison_shard.py",
+        &[shard.as_os_str(), OsStr::new("4")],
+    ));
     let paths = format!("data.paths=[\"{}\"]", h5.display());
     let settings = [
         "data.source=\"hdf5\"",
