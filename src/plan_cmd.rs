@@ -184,7 +184,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 largest_micro_batch(&run, &layout, kernels, budget, args.max_micro_batch)?;
             Ok((layout, memory, largest))
         }
-        Err(e) => Err(format!("parallelism.{e}")),
+        Err(e) => Err(e.to_string()),
     };
     let mut table = Vec::new();
     for layout in candidate_layouts(&run, ranks) {

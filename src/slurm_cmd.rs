@@ -103,14 +103,14 @@ fn dir_override(dir: &Path) -> String {
 }
 
 /// Refuse, before the job waits in the queue, a run whose layout its ranks cannot take (a TP size
-/// that does not divide them, sharding with one replica), and report the planned peak of each
+/// that does not divide them, sharding with one replica, a batch that does not split), and report the planned peak of each
 /// rank's tensors (`flux-hpc plan`). `what` names the run (a sweep task).
 fn check_layout(run: &RunConfig, what: &str) -> Result<()> {
     let ranks = (run.slurm.nodes * run.slurm.ntasks_per_node) as usize;
     let layout = Layout::of(run, ranks).map_err(|e| {
         anyhow!(
             "{what}: the job's {ranks} ranks (slurm.nodes × slurm.ntasks_per_node) cannot run \
-             it: parallelism.{e}"
+             it: {e}"
         )
     })?;
     let kernels = Kernels::on_gpu(run.slurm.gpus_per_node > 0);

@@ -49,11 +49,13 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout `run` asks for on `ranks` ranks; the error names the `[parallelism]` field
-    /// that cannot apply there, as training would refuse it.
+    /// The layout `run` asks for on `ranks` ranks; the error names the field that cannot apply
+    /// there (`parallelism.…`, or `training.global_batch_size` for a batch that does not
+    /// split), as training would refuse it.
     pub fn of(run: &RunConfig, ranks: usize) -> Result<Self, ConfigError> {
         let p = &run.parallelism;
-        let dp = p.replicas(ranks)?;
+        let dp = p.replicas(ranks).map_err(|e| e.within("parallelism"))?;
+        run.check_batch_split(dp)?;
         Ok(Self {
             tp: p.tensor_parallel_size as usize,
             dp,
@@ -63,6 +65,31 @@ impl Layout {
             recompute: run.training.recompute,
             micro_batch: run.training.micro_batch_size,
         })
+    }
+
+    /// `run` launched in this layout: its parallelism, recomputation and micro-batch.
+    pub fn applied_to(&self, run: &RunConfig) -> RunConfig {
+        let mut run = run.clone();
+        let p = &mut run.parallelism;
+        p.tensor_parallel_size = self.tp as i64;
+        p.shard_group_size = self.shard_group as u64;
+        p.sharding = self.sharding;
+        p.sequence_parallel = self.sequence_parallel;
+        run.training.recompute = self.recompute;
+        run.training.micro_batch_size = self.micro_batch;
+        run
+    }
+
+    /// Whether training would accept `run` in this layout on `ranks` ranks: the config's
+    /// rules, the replicas and the batch split, as `train` checks them.
+    pub fn accepted(&self, run: &RunConfig, ranks: usize) -> Result<(), ConfigError> {
+        let launched = self.applied_to(run);
+        launched.validate()?;
+        let replicas = launched
+            .parallelism
+            .replicas(ranks)
+            .map_err(|e| e.within("parallelism"))?;
+        launched.check_batch_split(replicas)
     }
 
     /// Ranks that hold the parts of one sharded parameter.
@@ -593,9 +620,10 @@ pub fn largest_micro_batch(
 }
 
 /// Every layout of `run`'s model on `ranks` ranks worth comparing: each tensor-parallel size
-/// the model allows that divides `ranks` (sequence-parallel where the model supports it), the
-/// rest data parallel, at each sharding level the replicas allow (with `run`'s HSDP group where
-/// it divides them), with and without recomputation, at `run`'s micro-batch.
+/// the model allows that divides `ranks` (sequence-parallel where the model supports it and
+/// the tokens split), the rest data parallel, at each sharding level the replicas allow (with
+/// `run`'s HSDP group where it divides them), with and without recomputation, at `run`'s
+/// micro-batch; only layouts `train` accepts ([`Layout::accepted`]).
 pub fn candidate_layouts(run: &RunConfig, ranks: usize) -> Vec<Layout> {
     let model = &run.model;
     let sp_supported = model.check_sequence_parallel().is_ok();
@@ -621,7 +649,7 @@ pub fn candidate_layouts(run: &RunConfig, ranks: usize) -> Vec<Layout> {
                 continue;
             }
             for recompute in [false, true] {
-                out.push(Layout {
+                let layout = Layout {
                     tp,
                     dp,
                     shard_group: if sharding == Sharding::None {
@@ -633,7 +661,18 @@ pub fn candidate_layouts(run: &RunConfig, ranks: usize) -> Vec<Layout> {
                     sequence_parallel: tp > 1 && sp_supported,
                     recompute,
                     micro_batch: run.training.micro_batch_size,
-                });
+                };
+                // Sequence parallelism where the token counts split, else without it; only
+                // what `train` would accept (a batch that splits, no recompute with dropout).
+                let without_sp = Layout {
+                    sequence_parallel: false,
+                    ..layout
+                };
+                out.extend(
+                    [layout, without_sp]
+                        .into_iter()
+                        .find(|l| l.accepted(run, ranks).is_ok()),
+                );
             }
         }
     }
@@ -644,9 +683,14 @@ pub fn candidate_layouts(run: &RunConfig, ranks: usize) -> Vec<Layout> {
 mod tests {
     use super::*;
 
+    /// benches/side_by_side.toml with a global batch that splits over up to 4 replicas, and
+    /// `overrides`.
     fn run(overrides: &[&str]) -> RunConfig {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/side_by_side.toml");
-        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        let overrides: Vec<String> = std::iter::once("training.global_batch_size=8")
+            .chain(overrides.iter().copied())
+            .map(str::to_string)
+            .collect();
         RunConfig::load(std::path::Path::new(path), &overrides).unwrap()
     }
 
@@ -753,5 +797,20 @@ mod tests {
             .filter(|l| l.dp == 1)
             .all(|l| l.sharding == Sharding::None));
         assert!(layouts.iter().all(|l| l.sequence_parallel == (l.tp > 1)));
+        assert!(layouts.iter().all(|l| l.accepted(&run, 4).is_ok()));
+    }
+
+    #[test]
+    fn layouts_train_would_refuse_are_not_offered() {
+        // A global batch of 4 does not split over 4 replicas of 2; dropout forbids
+        // recomputation.
+        let run = run(&["training.global_batch_size=4", "model.hidden_dropout=0.1"]);
+        let layouts = candidate_layouts(&run, 4);
+        assert!(layouts.iter().any(|l| l.dp == 2), "{layouts:?}");
+        assert!(
+            layouts.iter().all(|l| l.dp <= 2 && !l.recompute),
+            "{layouts:?}"
+        );
+        assert!(layouts.iter().all(|l| l.accepted(&run, 4).is_ok()));
     }
 }

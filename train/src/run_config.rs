@@ -332,6 +332,24 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// The global batch must split into micro-batches over `replicas` data-parallel replicas;
+    /// the error names `training.global_batch_size`.
+    pub fn check_batch_split(&self, replicas: usize) -> Result<(), ConfigError> {
+        let t = &self.training;
+        let per_step = t.micro_batch_size.saturating_mul(replicas as u64);
+        ConfigError::check(
+            per_step > 0 && t.global_batch_size.is_multiple_of(per_step),
+            "training.global_batch_size",
+            || {
+                format!(
+                    "{} is not a multiple of micro_batch_size {} × {replicas} data-parallel \
+                     replicas",
+                    t.global_batch_size, t.micro_batch_size
+                )
+            },
+        )
+    }
+
     /// Under sequence parallelism each stream's tokens must split evenly over the
     /// tensor-parallel group; the error names the `[training]` size that does not.
     fn check_sequence_lengths(&self) -> Result<(), ConfigError> {

@@ -159,19 +159,8 @@ impl<'a> Trainer<'a> {
     ) -> Result<Self, ConfigError> {
         let dp = groups.all;
         let t = &run.training;
-        let replicas = dp.size() as u64;
-        if !t
-            .global_batch_size
-            .is_multiple_of(t.micro_batch_size * replicas)
-        {
-            return Err(ConfigError::new(
-                "training.global_batch_size",
-                format!(
-                    "{} is not a multiple of micro_batch_size {} × {replicas} data-parallel replicas",
-                    t.global_batch_size, t.micro_batch_size
-                ),
-            ));
-        }
+        let replicas = dp.size();
+        run.check_batch_split(replicas)?;
         let p = run.model.inputs().patch_size;
         if t.latent_height % p != 0 || t.latent_width % p != 0 {
             return Err(ConfigError::new(
@@ -188,7 +177,7 @@ impl<'a> Trainer<'a> {
             ));
         }
         run.parallelism
-            .replicas(tp.size() * replicas as usize)
+            .replicas(tp.size() * replicas)
             .map_err(|e| e.within("parallelism"))?;
         // Count the tensors' bytes from the first weight on, where the device is the CPU.
         if device == Device::Cpu {
