@@ -37,6 +37,28 @@ fn flux_folder(dir: &Path) -> PathBuf {
     folder
 }
 
+/// `flux-hpc data encode` of `images` with the encoders of `folder` into `out` on the CPU, with
+/// flux_tiny's text length, `buckets` (a `--set`), a minimum side of 16 px and `extra` arguments.
+fn encode_images(
+    images: &Path,
+    folder: &Path,
+    out: &Path,
+    buckets: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec!["data", "encode", "--images", images.to_str().unwrap()];
+    args.extend([
+        "--encoders",
+        folder.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    args.extend(["--config", common::FLUX_TINY, "--set", buckets]);
+    args.extend(["--min-side", "16", "--device", "cpu"]);
+    args.extend(extra);
+    flux_hpc(&args)
+}
+
 /// The RGB pixels of a PNG and its size.
 fn pixels(path: &Path) -> (Vec<u8>, (u32, u32)) {
     let image = image::open(path).unwrap().to_rgb8();
@@ -127,28 +149,8 @@ fn captioned_images_encode_train_and_sample_back_to_pngs() {
     ok(&python("make_images.py", &[images.as_os_str()]));
     // `data encode` of the images into `out`, the buckets set by `buckets` (a `--set`).
     let encode_into = |out: &Path, buckets: &str| {
-        flux_hpc(&[
-            "data",
-            "encode",
-            "--images",
-            images.to_str().unwrap(),
-            "--encoders",
-            folder.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--config",
-            common::FLUX_TINY,
-            "--set",
-            buckets,
-            "--min-side",
-            "16",
-            "--batch",
-            "3",
-            "--samples-per-shard",
-            "4",
-            "--device",
-            "cpu",
-        ])
+        let extra = ["--batch", "3", "--samples-per-shard", "4"];
+        encode_images(&images, &folder, out, buckets, &extra)
     };
     let encode = || {
         let out = encode_into(&shards, BUCKETS);
@@ -367,26 +369,13 @@ fn encode_reads_each_file_once_upright_and_resumes_by_content() {
     noise_png(&images.join("fifocap.png"), 32, 32, 9, None);
 
     let encode = || {
-        flux_hpc(&[
-            "data",
-            "encode",
-            "--images",
-            images.to_str().unwrap(),
-            "--encoders",
-            folder.to_str().unwrap(),
-            "--out",
-            shards.to_str().unwrap(),
-            "--config",
-            common::FLUX_TINY,
-            "--set",
+        encode_images(
+            &images,
+            &folder,
+            &shards,
             BUCKETS,
-            "--min-side",
-            "16",
-            "--samples-per-shard",
-            "2",
-            "--device",
-            "cpu",
-        ])
+            &["--samples-per-shard", "2"],
+        )
     };
     let out = encode();
     ok(&out);

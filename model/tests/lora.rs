@@ -326,19 +326,23 @@ fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
         key("to_q", "lora_B"),
         Tensor::zeros([63, 2], (Kind::Float, Device::Cpu)),
     );
-    for (bad, expect) in [
-        (foreign, "transformer_blocks.9.attn.to_q"),
-        (partial, "to_v"),
-        (misshaped, "to_q"),
-    ] {
-        let err = import::import(
+    // Why the adapters `bad` are refused.
+    let refused = |bad: HashMap<String, Tensor>| {
+        import::import(
             bad.into_iter().collect(),
             &Default::default(),
             &spec,
             "bad.safetensors",
         )
         .unwrap_err()
-        .to_string();
+        .to_string()
+    };
+    for (bad, expect) in [
+        (foreign, "transformer_blocks.9.attn.to_q"),
+        (partial, "to_v"),
+        (misshaped, "to_q"),
+    ] {
+        let err = refused(bad);
         assert!(
             err.contains("bad.safetensors")
                 && err.contains(expect)
@@ -388,14 +392,7 @@ fn separately_trained_parts_of_a_fused_weight_import_as_their_own_updates() {
         (rank_zero, "rank 0"),
         (twice, "the same module twice"),
     ] {
-        let err = import::import(
-            bad.into_iter().collect(),
-            &Default::default(),
-            &spec,
-            "bad.safetensors",
-        )
-        .unwrap_err()
-        .to_string();
+        let err = refused(bad);
         assert!(
             err.contains("bad.safetensors") && err.contains(expect),
             "{expect}: {err}"
