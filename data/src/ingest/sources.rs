@@ -7,12 +7,15 @@
 //! nothing is written twice.
 //!
 //! One JSON object a line, `{"shard": "a.h5", "sources": [{"key": …, "bytes": …, "crc32": …}]}`,
-//! rewritten atomically just before each shard is published. A shard that exists without a line
-//! (a directory written before this record) is opened and its sample ids are taken as its keys,
-//! so its samples are neither redone nor duplicated.
+//! appended and synced just before each shard is published (a line cut short by a crash is
+//! dropped when the record is next read, its shard never having appeared). A shard that exists
+//! without a line (a directory written before this record) is opened and its sample ids are taken
+//! as its keys, so its samples are neither redone nor duplicated.
 
 use std::collections::btree_map::{BTreeMap, Entry};
-use std::io::Read;
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -91,44 +94,58 @@ struct Line {
     sources: Vec<Source>,
 }
 
-/// The record of an output directory.
+/// The record of an output directory, indexed by key and by content so that each input is
+/// placed in constant time however many inputs the directory holds.
 #[derive(Debug)]
 pub struct Sources {
     out_dir: PathBuf,
     /// Shard file name → its inputs.
     shards: BTreeMap<String, Vec<Source>>,
+    /// Key → the shard holding it and its record there.
+    by_key: HashMap<String, (String, Source)>,
+    /// (bytes, CRC-32) → a shard holding inputs of that content.
+    by_content: HashMap<(u64, u32), String>,
 }
 
 impl Sources {
     /// Read `out_dir`'s record. Lines of shards that no longer exist are dropped (their inputs
-    /// are written again); shards that exist without a line are recorded from their sample ids
-    /// (`ids_of(path)`), with size and checksum unknown.
+    /// are written again), as is a last line cut short by a crash (its shard was never
+    /// published); shards that exist without a line are recorded from their sample ids
+    /// (`ids_of(path)`), with size and checksum unknown. The record is compacted when anything
+    /// was dropped or added.
     pub fn open(
         out_dir: &Path,
         ids_of: impl Fn(&Path) -> Result<Vec<String>, DataError>,
     ) -> Result<Self, DataError> {
         let path = out_dir.join(SOURCES_FILE);
         let mut shards = BTreeMap::new();
+        let mut changed = false;
         if path.exists() {
             let text = files::read_to_string_limited(&path, MAX_SOURCES_BYTES)?;
-            for (n, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                let line: Line = serde_json::from_str(line)
-                    .map_err(|e| DataError::format(&path, format!("line {}: {e}", n + 1)))?;
-                if out_dir.join(&line.shard).is_file() {
-                    shards.insert(line.shard, line.sources);
+            let lines: Vec<&str> = text.split_inclusive('\n').collect();
+            for (n, line) in lines.iter().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let cut_short = n + 1 == lines.len() && !line.ends_with('\n');
+                let line: Line = match serde_json::from_str(line) {
+                    Ok(line) => line,
+                    Err(_) if cut_short => {
+                        changed = true;
+                        continue;
+                    }
+                    Err(e) => return Err(DataError::format(&path, format!("line {}: {e}", n + 1))),
+                };
+                match out_dir.join(&line.shard).is_file() {
+                    true => {
+                        shards.insert(line.shard, line.sources);
+                    }
+                    false => changed = true,
                 }
             }
         }
-        let mut sources = Self {
-            out_dir: out_dir.to_path_buf(),
-            shards,
-        };
         for shard in shard_names(out_dir)? {
-            if let Entry::Vacant(entry) = sources.shards.entry(shard) {
+            if let Entry::Vacant(entry) = shards.entry(shard) {
                 let keys = ids_of(&out_dir.join(entry.key()))?;
                 let unknown = |key: String| Source {
                     key,
@@ -136,32 +153,51 @@ impl Sources {
                     crc32: None,
                 };
                 entry.insert(keys.into_iter().map(unknown).collect());
+                changed = true;
             }
+        }
+        let mut sources = Self {
+            out_dir: out_dir.to_path_buf(),
+            shards: BTreeMap::new(),
+            by_key: HashMap::new(),
+            by_content: HashMap::new(),
+        };
+        for (shard, inputs) in shards {
+            sources.index(&shard, &inputs);
+            sources.shards.insert(shard, inputs);
+        }
+        if changed {
+            sources.compact()?;
         }
         Ok(sources)
     }
 
-    /// Where `source` stands: done (the shard holding the same bytes, or the same key with
-    /// unknown bytes) or new. An input whose key is recorded with other bytes changed since it
-    /// was written: an error naming it, the shard and both sizes and checksums.
-    pub fn standing(&self, source: &Source, shown: &str) -> Result<Standing, DataError> {
-        let mut changed = None;
-        for (shard, inputs) in &self.shards {
-            for recorded in inputs {
-                let known = recorded.bytes.is_some() && recorded.crc32.is_some();
-                if known && recorded.same_content(source) && source.bytes.is_some() {
-                    return Ok(Standing::Done(shard.clone()));
-                }
-                if recorded.key == source.key {
-                    match recorded.same_content(source) {
-                        true => return Ok(Standing::Done(shard.clone())),
-                        false => changed = Some((shard, recorded)),
-                    }
-                }
+    /// Add `inputs` of `shard` to the indexes.
+    fn index(&mut self, shard: &str, inputs: &[Source]) {
+        for input in inputs {
+            self.by_key
+                .insert(input.key.clone(), (shard.to_string(), input.clone()));
+            if let (Some(bytes), Some(crc)) = (input.bytes, input.crc32) {
+                self.by_content.insert((bytes, crc), shard.to_string());
             }
         }
-        match changed {
+    }
+
+    /// Where `source` stands: done (the shard holding the same bytes, or the same key with
+    /// unknown bytes) or new. An input whose key is recorded with other bytes changed since it
+    /// was written, or another input has its name: an error naming it (`shown`), the shard and
+    /// both sizes and checksums.
+    pub fn standing(&self, source: &Source, shown: &str) -> Result<Standing, DataError> {
+        if let (Some(bytes), Some(crc)) = (source.bytes, source.crc32) {
+            if let Some(shard) = self.by_content.get(&(bytes, crc)) {
+                return Ok(Standing::Done(shard.clone()));
+            }
+        }
+        match self.by_key.get(&source.key) {
             None => Ok(Standing::New),
+            Some((shard, recorded)) if recorded.same_content(source) => {
+                Ok(Standing::Done(shard.clone()))
+            }
             Some((shard, recorded)) => Err(DataError::Format {
                 path: shown.to_string(),
                 message: format!(
@@ -197,24 +233,45 @@ impl Sources {
             .unwrap_or(0)
     }
 
-    /// Record that shard `name` holds `inputs`, and rewrite the record atomically. Call it just
+    /// Record that shard `name` holds `inputs`: one line appended and synced. Call it just
     /// before the shard is published: a line whose shard never appeared is dropped when the
     /// record is next opened, and a published shard always has its line.
     pub fn record(&mut self, name: &str, inputs: Vec<Source>) -> Result<(), DataError> {
-        self.shards.insert(name.to_string(), inputs);
         let path = self.out_dir.join(SOURCES_FILE);
-        files::write_atomic(&path, |w| {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        let line = line_of(name, &inputs);
+        file.write_all(line.as_bytes())
+            .and_then(|()| file.sync_data())
+            .map_err(io(&path))?;
+        self.index(name, &inputs);
+        self.shards.insert(name.to_string(), inputs);
+        Ok(())
+    }
+
+    /// Rewrite the record atomically with exactly the shards held.
+    fn compact(&self) -> Result<(), DataError> {
+        files::write_atomic(&self.out_dir.join(SOURCES_FILE), |w| {
             for (shard, sources) in &self.shards {
-                let line = Line {
-                    shard: shard.clone(),
-                    sources: sources.clone(),
-                };
-                let text = serde_json::to_string(&line).expect("plain values serialise");
-                writeln!(w, "{text}")?;
+                w.write_all(line_of(shard, sources).as_bytes())?;
             }
             Ok(())
         })
     }
+}
+
+/// The record's line of `shard` holding `sources`, with its newline.
+fn line_of(shard: &str, sources: &[Source]) -> String {
+    let line = Line {
+        shard: shard.to_string(),
+        sources: sources.to_vec(),
+    };
+    let mut text = serde_json::to_string(&line).expect("plain values serialise");
+    text.push('\n');
+    text
 }
 
 /// The shard files (`*.h5`) directly in `dir`, by name.
@@ -283,6 +340,34 @@ mod tests {
         std::fs::remove_file(d.join("s0.h5")).unwrap();
         let sources = Sources::open(&d, no_ids).unwrap();
         assert_eq!(sources.standing(&changed, "a").unwrap(), Standing::New);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_is_dropped_and_the_record_compacted() {
+        let d = dir("cut");
+        std::fs::write(d.join("s0.h5"), b"").unwrap();
+        let a = Source {
+            key: "a".into(),
+            bytes: Some(1),
+            crc32: Some(2),
+        };
+        let mut sources = Sources::open(&d, no_ids).unwrap();
+        sources.record("s0.h5", vec![a.clone()]).unwrap();
+        let record = d.join(SOURCES_FILE);
+        let mut text = std::fs::read_to_string(&record).unwrap();
+        text.push_str("{\"shard\": \"s1.h5\", \"sour");
+        std::fs::write(&record, &text).unwrap();
+        let sources = Sources::open(&d, no_ids).unwrap();
+        assert_eq!(sources.of_shard("s0.h5"), Some(&[a][..]));
+        assert_eq!(std::fs::read_to_string(&record).unwrap().lines().count(), 1);
+        // A malformed line that is not the last is an error naming the file and line.
+        std::fs::write(&record, "nonsense\n{}\n").unwrap();
+        let err = Sources::open(&d, no_ids).unwrap_err().to_string();
+        assert!(
+            err.contains(SOURCES_FILE) && err.contains("line 1"),
+            "{err}"
+        );
         std::fs::remove_dir_all(d).unwrap();
     }
 
