@@ -34,6 +34,8 @@ pub struct Found {
 pub fn find_images(dir: &Path) -> Result<Found, String> {
     let mut found = Found::default();
     let mut entered = HashSet::new();
+    // Each image with its file's (device, inode), read once while walking.
+    let mut walked = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(d) = pending.pop() {
         let meta = fs::metadata(&d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -69,26 +71,23 @@ pub fn find_images(dir: &Path) -> Result<Found, String> {
                     .push((relative, format!("is {kind}, not a regular file")));
                 continue;
             }
-            found.images.push((path, relative));
+            walked.push(((meta.dev(), meta.ino()), (path, relative)));
         }
     }
-    found.images.sort_by(|a, b| a.1.cmp(&b.1));
+    walked.sort_by(|a, b| a.1 .1.cmp(&b.1 .1));
     // The first path in order keeps a file reached twice.
-    let mut seen_files = HashMap::new();
-    let mut images = Vec::with_capacity(found.images.len());
-    for (path, relative) in std::mem::take(&mut found.images) {
-        let meta = fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        match seen_files.get(&(meta.dev(), meta.ino())) {
+    let mut seen_files: HashMap<(u64, u64), String> = HashMap::new();
+    for (file, (path, relative)) in walked {
+        match seen_files.get(&file) {
             Some(first) => found
                 .skipped
                 .push((relative, format!("is the same file as {first} (a link)"))),
             None => {
-                seen_files.insert((meta.dev(), meta.ino()), relative.clone());
-                images.push((path, relative));
+                seen_files.insert(file, relative.clone());
+                found.images.push((path, relative));
             }
         }
     }
-    found.images = images;
     found.skipped.sort();
     Ok(found)
 }
