@@ -22,6 +22,8 @@ pub struct Reader {
     /// Per tensor-parallel rank, its files in data-parallel rank order.
     files: Vec<Vec<(PathBuf, hdf5::File)>>,
     tp_size: usize,
+    /// What every file states alike (read from the first, checked against the others).
+    identity: Identity,
 }
 
 /// Most part files a missing-file error names one by one.
@@ -79,6 +81,46 @@ impl Identity {
             None
         }
     }
+}
+
+/// Check that every file of checkpoint `dir` belongs to it: the step the directory's name states
+/// (`step_000000012`), and the first file's step, run and config, which it returns. A part
+/// copied in from another run, or from another step of the same run, is refused naming it.
+fn check_belonging(
+    dir: &Path,
+    files: &[Vec<(PathBuf, hdf5::File)>],
+) -> Result<Identity, DataError> {
+    let (first_path, first) = &files[0][0];
+    let expected = Identity::read(first, first_path)?;
+    let named_step = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step_"))
+        .and_then(|digits| digits.parse::<u64>().ok());
+    if let Some(step) = named_step.filter(|&s| s != expected.step) {
+        return Err(DataError::format(
+            first_path,
+            format!(
+                "holds step {} but lies in the checkpoint of step {step}: a file copied in \
+                 from another checkpoint",
+                expected.step
+            ),
+        ));
+    }
+    for (path, file) in files.iter().flatten().skip(1) {
+        let this = Identity::read(file, path)?;
+        if let Some(what) = this.differs_from(&expected) {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "does not belong with {}: {what}; it was copied in from another \
+                     checkpoint",
+                    first_path.display()
+                ),
+            ));
+        }
+    }
+    Ok(expected)
 }
 
 fn open(path: &Path) -> Result<(hdf5::File, Place), DataError> {
@@ -178,51 +220,13 @@ impl Reader {
             }
             files[expected.tp.0].push((p, file));
         }
-        let reader = Self {
+        let identity = check_belonging(dir, &files)?;
+        Ok(Self {
             dir: dir.to_path_buf(),
             files,
             tp_size,
-        };
-        reader.check_belonging()?;
-        Ok(reader)
-    }
-
-    /// Check that every file belongs to this checkpoint: the step the directory's name states
-    /// (`step_000000012`), and the first file's step, run and config. A part copied in from
-    /// another run, or from another step of the same run, is refused naming it.
-    fn check_belonging(&self) -> Result<(), DataError> {
-        let (first_path, first) = self.first();
-        let expected = Identity::read(first, first_path)?;
-        let named_step = self
-            .dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("step_"))
-            .and_then(|digits| digits.parse::<u64>().ok());
-        if let Some(step) = named_step.filter(|&s| s != expected.step) {
-            return Err(DataError::format(
-                first_path,
-                format!(
-                    "holds step {} but lies in the checkpoint of step {step}: a file copied in \
-                     from another checkpoint",
-                    expected.step
-                ),
-            ));
-        }
-        for (path, file) in self.files.iter().flatten().skip(1) {
-            let this = Identity::read(file, path)?;
-            if let Some(what) = this.differs_from(&expected) {
-                return Err(DataError::format(
-                    path,
-                    format!(
-                        "does not belong with {}: {what}; it was copied in from another \
-                         checkpoint",
-                        first_path.display()
-                    ),
-                ));
-            }
-        }
-        Ok(())
+            identity,
+        })
     }
 
     /// The first file.
@@ -252,14 +256,12 @@ impl Reader {
 
     /// The run config the checkpoint was written with (TOML).
     pub fn config(&self) -> Result<String, DataError> {
-        let (path, file) = self.first();
-        read_str(file, "config", path)
+        Ok(self.identity.config.clone())
     }
 
     /// The identity of the run that wrote the checkpoint (empty when its files name none).
-    pub fn run_id(&self) -> Result<String, DataError> {
-        let (path, file) = self.first();
-        Ok(Identity::read(file, path)?.run_id)
+    pub fn run_id(&self) -> &str {
+        &self.identity.run_id
     }
 
     /// Whether the checkpoint holds `group` (weights-only checkpoints hold only `params`).
@@ -374,7 +376,7 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, DataError> {
         step: reader.attr_u64("step")?,
         optimizer_step: reader.attr_u64("optimizer_step")?,
         config: reader.config()?,
-        run_id: reader.run_id()?,
+        run_id: reader.run_id().to_string(),
         data: DataPosition {
             epoch: reader.attr_u64("data_epoch")?,
             index: reader.attr_u64("data_index")?,
