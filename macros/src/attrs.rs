@@ -540,10 +540,10 @@ fn parse_module(attr: &Attribute, field: &Field) -> Result<ModuleAttr> {
 }
 
 fn parse_layers(attr: &Attribute, field: &Field) -> Result<LayersAttr> {
-    if !type_is(&field.ty, "Vec") {
+    if !type_is(&field.ty, "Layers") {
         return Err(Error::new_spanned(
             &field.ty,
-            "#[layers] fields must have type `Vec<Block>`",
+            "#[layers] fields must have type `Layers<Block>`",
         ));
     }
     let (mut count, mut start, mut config, mut name) = (None, None, None, None);

@@ -151,7 +151,7 @@ fn visit_code(field: &BlockField) -> TokenStream {
         },
         FieldKind::Module(_) => quote!(::flux_model::Block::visit_linears(&self.#ident, f);),
         FieldKind::Layers(_) => quote! {
-            for layer in &self.#ident {
+            for layer in self.#ident.iter() {
                 ::flux_model::Block::visit_linears(layer, f);
             }
         },
@@ -217,7 +217,7 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
             let path = sub_path(&name);
             let cfg = module_config(&attr.config);
             let inner =
-                inner_type(ty).ok_or_else(|| Error::new_spanned(ty, "expected `Vec<Block>`"))?;
+                inner_type(ty).ok_or_else(|| Error::new_spanned(ty, "expected `Layers<Block>`"))?;
             let count = &attr.count;
             let start = attr
                 .start
@@ -228,7 +228,10 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
                 quote! {{
                     let layers = #path;
                     let start = #start;
-                    (start..start + #count).map(|i| <#inner as ::flux_model::Block>::new(&layers.sub(i.to_string()), #cfg, tp)).collect()
+                    ::flux_model::execution::Layers::new(tp, (start..start + #count).map(|i| {
+                        let block = <#inner as ::flux_model::Block>::new(&layers.sub(i.to_string()), #cfg, tp);
+                        (::std::format!("{}.{i}", #name), block)
+                    }))
                 }},
                 quote! {
                     let start = #start;
@@ -324,6 +327,19 @@ fn generate(
         quote!(f)
     };
     let requires_forward = quote_spanned!(ident.span()=> let _ = Self::forward;);
+    let stacks: Vec<_> = fields
+        .iter()
+        .filter(|f| matches!(f.kind, FieldKind::Layers(_)))
+        .map(|f| &f.ident)
+        .collect();
+    // A block without `#[layers]` fields keeps the trait's empty default.
+    let visit_layers = (!stacks.is_empty()).then(|| {
+        quote! {
+            fn visit_layers<'s>(&'s self, f: &mut dyn FnMut(&'s dyn ::flux_model::execution::LayerStack)) {
+                #(f(&self.#stacks);)*
+            }
+        }
+    });
 
     quote! {
         #item
@@ -344,6 +360,8 @@ fn generate(
             fn visit_linears<'s>(&'s self, #f: &mut dyn FnMut(&'s ::flux_model::tp::Linear)) {
                 #(#visits)*
             }
+
+            #visit_layers
         }
 
         impl #impl_generics #ident #ty_generics #where_clause {

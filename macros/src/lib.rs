@@ -24,7 +24,7 @@
 //! | `#[embedding(..)]` | `Embedding` | `num` rows, `dim` width, `shard = replicated \| vocab` (rows split over the group, partial lookups summed forward), `name` |
 //! | `#[param(..)]` | `Tensor` | `shape = [..]`, `init = zeros \| ones \| normal(std)` (default zeros), `split = N` (dimension split over the group; else replicated), `on_shards` (replicated, applied to sharded activations), `name` (the tensor's own dotted name) |
 //! | `#[module(..)]` | a block | `config = expr` (default: this block's config), `when = bool` (then `Option<Block>`), `name` |
-//! | `#[layers(..)]` | `Vec<Block>` | `count`, `start` (first index, default 0), `config`, `name` (e.g. `"transformer.layers"`) |
+//! | `#[layers(..)]` | `Layers<Block>` | `count`, `start` (first index, default 0), `config`, `name` (e.g. `"transformer.layers"`) |
 //! | `#[value(expr)]` | anything | a non-parameter field computed from `config` (and `tp`) |
 //!
 //! The block must also have a `forward` method; the macro checks that it exists.

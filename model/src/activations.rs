@@ -139,7 +139,7 @@ pub struct Activations {
     /// The embedders, the output layer and the loss: whatever runs outside the layers.
     pub outside: Vec<Saved>,
     /// Whether the forward pass runs the parameters before and after its layers as the stem
-    /// and the head ([`crate::residency::STEM`], [`crate::residency::HEAD`]), which fully
+    /// and the head ([`crate::execution::residency::STEM`], [`crate::execution::residency::HEAD`]), which fully
     /// sharded training gathers and gives back like a layer's (`None`: they stay whole); and
     /// if so, `Some(k)`: backward gathers the stem again, once one of its outputs has its whole
     /// gradient, for layers `k - 1` down to `0` (0 where every layer takes the stem's

@@ -3,6 +3,7 @@
 
 use tch::nn::Path;
 
+use crate::execution::LayerStack;
 use crate::tp::{Linear, ParamSpec, TpContext};
 
 /// A block declared with `#[diffusion_block(config = C)]`.
@@ -22,6 +23,12 @@ pub trait Block: Sized {
     /// Call `f` on every `Linear` of this block and its children, in declaration order (each
     /// knows its state-dict name): how adapters find the layers they wrap.
     fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear));
+
+    /// Call `f` on each `#[layers]` field of this block, in declaration order (not those of its
+    /// children): how the framework runs a root block's layers.
+    fn visit_layers<'s>(&'s self, f: &mut dyn FnMut(&'s dyn LayerStack)) {
+        let _ = f;
+    }
 
     /// Number of parameters for `config`, the same for every tensor-parallel size (computed from
     /// the specs; nothing is allocated).

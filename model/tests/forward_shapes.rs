@@ -4,7 +4,7 @@ mod common;
 
 use common::{batch, max_abs_diff, tiny_config};
 use flux_model::patchify::{patchify, unpatchify};
-use flux_model::{Flux, FluxConfig, FluxInput};
+use flux_model::{DiffusionModel, Flux, FluxConfig, FluxInput};
 use tch::{Device, Kind, Tensor};
 
 #[test]
@@ -194,7 +194,7 @@ fn recomputation_gives_the_same_output_and_gradients() {
     let model = Flux::new(&config, Device::Cpu).unwrap();
     let inputs = batch(&config, 2, 3, 2, 4);
     let run = |recompute: bool| {
-        model.transformer.set_recompute(recompute);
+        model.set_recompute(recompute);
         model.store.vs.trainable_variables().iter().for_each(|v| {
             let mut g = v.grad();
             if g.defined() {
@@ -237,5 +237,5 @@ fn recomputation_gives_the_same_output_and_gradients() {
         }
     }
     assert!(trained > 0);
-    flux_model::recompute::clear_pending();
+    flux_model::execution::recompute::clear_pending();
 }

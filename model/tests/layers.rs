@@ -1,11 +1,11 @@
-//! Every registered architecture runs its stem, layers and head through `residency::run_layer`
-//! under the names `DiffusionModel::layers` lists, in that order, and every parameter belongs to
+//! Every registered architecture's stem, layers and head are gathered and released by the
+//! framework under the names `DiffusionModel::layers` lists, in that order, and every parameter belongs to
 //! one of them (`residency::units`): what fully sharded training relies on to gather and release
 //! each unit's weights.
 
 use std::cell::RefCell;
 
-use flux_model::residency::{install, units, LayerParams, STEM};
+use flux_model::execution::residency::{install, units, LayerParams, STEM};
 use flux_model::tp::{Pass, TpContext};
 use flux_model::{DiffusionBatch, ModelSpec};
 use tch::{Device, Kind};

@@ -21,7 +21,7 @@
 //! are not tensors and are left to the headroom.
 
 use flux_model::activations::{bytes_of, ActivationShape, Kernels, Saved};
-use flux_model::residency::{HEAD, STEM};
+use flux_model::execution::residency::{HEAD, STEM};
 use flux_model::tp::ParamSpec;
 use flux_model::ConfigError;
 

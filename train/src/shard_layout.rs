@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use flux_model::residency::units;
+use flux_model::execution::residency::units;
 use flux_model::tp::{Collective, GradSync, ParamSpec};
 use tch::{Device, Kind, Tensor};
 

@@ -21,7 +21,7 @@
 use std::rc::Rc;
 
 use flux_data::checkpoint::{DpParts, OptimizerState};
-use flux_model::residency::{install, Installation};
+use flux_model::execution::residency::{install, Installation};
 use flux_model::tp::{Collective, DpGroups, ShardedStore};
 use tch::{Device, Kind, Tensor};
 

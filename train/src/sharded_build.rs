@@ -1,14 +1,14 @@
 //! Building a fully sharded model (`[parallelism] sharding = "full"`) one weight at a time: as
 //! each weight is created, this rank's parts of it are copied into the f32 masters, and the
-//! weight then gives its memory back at once (the optimizer gathers again those of layers, stems
-//! and heads the model does not run through `run_layer`). A rank so never holds more than its
+//! weight then gives its memory back at once (the optimizer gathers again those of layers the
+//! model never runs). A rank so never holds more than its
 //! masters and the weight being initialised, where building the whole model first would hold
 //! every weight of its tensor-parallel shard (2 bytes a parameter in bf16: 64 GB for FLUX.2 at
 //! TP 1).
 
 use std::collections::HashMap;
 
-use flux_model::residency::release_storage;
+use flux_model::execution::residency::release_storage;
 use flux_model::tp::ParamSpec;
 use tch::{Device, Kind, Tensor};
 

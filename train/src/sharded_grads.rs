@@ -14,7 +14,7 @@
 //! over the other groups completes the sums after the step's last backward. Between steps the
 //! shard holds no memory (as PyTorch's `zero_grad(set_to_none=True)`).
 
-use flux_model::residency::{fill_storage, release_storage, storage_present};
+use flux_model::execution::residency::{fill_storage, release_storage, storage_present};
 use flux_model::tp::{Collective, Pending};
 use tch::{Kind, Tensor};
 

@@ -5,21 +5,22 @@
 //! The parameters of each layer (those whose state-dict names share a prefix ending in the
 //! layer's index, `transformer.layers.3.…`) sit in buckets of their own, and so do those before
 //! the layers (the stem: embedders) and after them (the head: the output layer;
-//! [`flux_model::residency::units`]). When a model runs a layer (or its stem or head) through
-//! [`flux_model::residency::run_layer`], the layer's buckets are all-gathered from the masters
-//! into its weights, and after its forward pass their memory is given back; when backward
+//! [`flux_model::execution::residency::units`]). When the framework runs a layer of a
+//! `#[layers]` field ([`flux_model::execution::Layers`]), or a model's stem or head, the layer's
+//! buckets are all-gathered from the masters into its weights, and after its forward pass their memory is given back; when backward
 //! reaches the layer they are gathered again, and given back as soon as their gradients are
 //! reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
 //! the next one (in the order of the forward pass, reversed in backward) are already in flight
 //! (non-blocking all-gathers), so at most two layers' weights are whole at a time. A layer's
-//! weights are managed this way from the first time a model runs it; a stem, head or layer a
-//! model never runs through `run_layer` stays whole, updated by the optimizer as under
-//! `"gradients"`.
+//! weights are managed this way from the first time a model runs it; a layer a model never
+//! runs stays whole, updated by the optimizer as under `"gradients"`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use flux_model::residency::{fill_storage, release_storage, storage_present, LayerParams};
+use flux_model::execution::residency::{
+    fill_storage, release_storage, storage_present, LayerParams,
+};
 use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
@@ -169,8 +170,8 @@ impl<'a> Residency<'a> {
         match self.buckets_of.get(layer) {
             Some(buckets) => buckets.clone(),
             None => panic!(
-                "layer `{layer}` has no trained parameters: the name a model runs a layer \
-                 under (run_layer, RootBlock::layers) must be the state-dict prefix of the \
+                "layer `{layer}` has no trained parameters: the name the framework runs a \
+                 layer under (DiffusionModel::layers) must be the state-dict prefix of the \
                  layer's parameters"
             ),
         }

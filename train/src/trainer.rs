@@ -7,8 +7,8 @@ use std::time::Instant;
 use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
+use flux_model::execution::residency::storage_present;
 use flux_model::lora::{export, Adapters};
-use flux_model::residency::storage_present;
 use flux_model::tensor_memory;
 use flux_model::tp::{creation, staging, Collective, DpGroups, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
@@ -352,7 +352,7 @@ impl<'a> Trainer<'a> {
     pub fn train_step(&mut self) -> Result<StepStats, StepError> {
         let start = Instant::now();
         let staged_before = staging::host_staged_bytes();
-        flux_model::recompute::clear_pending();
+        flux_model::execution::recompute::clear_pending();
         let t = self.run.training.clone();
         let (rank, replicas) = (self.dp.rank() as u64, self.dp.size() as u64);
         let plan = BatchPlan {

@@ -2,30 +2,22 @@
 //! and `RootBlock`, what a root block adds to a [`Block`] so that `Built<T>` is a
 //! [`DiffusionModel`].
 
+use std::cell::Cell;
+
 use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, ModelConfig};
+use crate::execution::{residency, run_model, LayerStack};
 use crate::tp::{Linear, ShardedStore, TpContext};
 use crate::{Block, ConfigError};
 
 /// The root block of an architecture (`FluxTransformer`, `DitTransformer`, …).
 pub trait RootBlock: Block + std::fmt::Debug {
     /// The prediction `[B, C, H, W]` for `batch` (checked against the model's inputs); `train`
-    /// enables dropout and recomputation.
+    /// enables dropout. Its `#[layers]` fields run their blocks through
+    /// [`crate::execution::Layers::run`]; the parameters declared before the first of them are
+    /// the stem, those after the last the head.
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError>;
-
-    /// Recompute each layer's activations in the backward pass (training forward passes only).
-    fn set_recompute(&self, on: bool);
-
-    /// The layers `forward_batch` runs through [`crate::residency::run_layer`], by the names it
-    /// passes (their parameters' state-dict prefixes, or [`crate::residency::STEM`] and
-    /// [`crate::residency::HEAD`] for the parameters before and after the layers), in the order
-    /// it runs them ([`crate::residency::stem_layers_head`]). Fully sharded training releases
-    /// their weights from the start; a layer missing here is found when it first runs (default:
-    /// all are).
-    fn layers(&self) -> Vec<String> {
-        Vec::new()
-    }
 }
 
 /// A model with its weights on one rank: this rank's parameter store and the module tree using
@@ -36,6 +28,8 @@ pub struct Built<T> {
     pub store: ShardedStore,
     /// The modules.
     pub transformer: T,
+    /// Recompute each layer's activations in the backward pass of training forward passes.
+    recompute: Cell<bool>,
 }
 
 impl<T: Block> Built<T> {
@@ -51,7 +45,11 @@ impl<T: Block> Built<T> {
         let specs = T::param_specs("", config, tp.size() as i64);
         let (store, transformer) =
             ShardedStore::build(device, kind, tp, specs, |root, tp| T::new(root, config, tp))?;
-        Ok(Self { store, transformer })
+        Ok(Self {
+            store,
+            transformer,
+            recompute: Cell::new(false),
+        })
     }
 
     /// Validate `config` and build this rank's shards of the group `tp` (the model's TP rule
@@ -71,6 +69,26 @@ impl<T: Block> Built<T> {
         Self::build(config, device, kind, tp)
     }
 
+    /// Run `forward`, a forward pass of the root block, as the framework runs models: the
+    /// parameters before its first `#[layers]` field (the stem) and after its last (the head)
+    /// gathered and released around the layers, each layer recomputed when `train` and
+    /// [`DiffusionModel::set_recompute`] say so.
+    pub fn run<E>(
+        &self,
+        train: bool,
+        forward: impl FnOnce(&T) -> Result<Tensor, E>,
+    ) -> Result<Tensor, E> {
+        let recompute = train && self.recompute.get();
+        run_model(&self.stacks(), recompute, || forward(&self.transformer))
+    }
+
+    /// The root block's `#[layers]` fields, in declaration order.
+    fn stacks(&self) -> Vec<&dyn LayerStack> {
+        let mut stacks = Vec::new();
+        self.transformer.visit_layers(&mut |s| stacks.push(s));
+        stacks
+    }
+
     /// Number of parameters held on this rank: all, or only those that require gradients.
     pub fn get_num_params(&self, trainable_only: bool) -> u64 {
         self.store.num_local_params(trainable_only)
@@ -87,15 +105,17 @@ impl<T: RootBlock> DiffusionModel for Built<T> {
     }
 
     fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        self.transformer.forward_batch(batch, train)
+        self.run(train, |t| t.forward_batch(batch, train))
     }
 
     fn set_recompute(&self, on: bool) {
-        self.transformer.set_recompute(on);
+        self.recompute.set(on);
     }
 
     fn layers(&self) -> Vec<String> {
-        self.transformer.layers()
+        let stacks = self.stacks();
+        let names = stacks.iter().flat_map(|s| s.names().iter().cloned());
+        residency::stem_layers_head(names)
     }
 
     fn visit_linears<'s>(&'s self, f: &mut dyn FnMut(&'s Linear)) {

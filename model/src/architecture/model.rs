@@ -30,8 +30,9 @@ pub trait DiffusionModel: Debug {
     /// forward passes only).
     fn set_recompute(&self, on: bool);
 
-    /// The layers the forward pass runs through [`crate::residency::run_layer`], by name, in
-    /// order ([`RootBlock::layers`]).
+    /// The units the forward pass gathers and releases, by name, in order: the stem
+    /// ([`crate::execution::residency::STEM`]), each block of the `#[layers]` fields under its
+    /// state-dict prefix, the head ([`crate::execution::residency::HEAD`]).
     fn layers(&self) -> Vec<String>;
 
     /// Call `f` on every `Linear` of the model, in declaration order.

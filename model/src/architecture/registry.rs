@@ -400,8 +400,8 @@ mod tests {
             let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
             let names: Vec<String> = spec.activations().layers.into_iter().map(|l| l.name).collect();
             let layers = model.layers();
-            assert_eq!(layers.first().unwrap(), crate::residency::STEM);
-            assert_eq!(layers.last().unwrap(), crate::residency::HEAD);
+            assert_eq!(layers.first().unwrap(), crate::execution::residency::STEM);
+            assert_eq!(layers.last().unwrap(), crate::execution::residency::HEAD);
             assert_eq!(names, layers[1..layers.len() - 1], "{}", spec.architecture());
         }
     }

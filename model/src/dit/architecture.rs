@@ -10,7 +10,6 @@ use crate::architecture::{
 };
 use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
-use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::ConfigError;
 
@@ -128,21 +127,13 @@ impl ModelConfig for DitConfig {
 }
 
 impl RootBlock for DitTransformer {
-    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+    fn forward_batch(&self, batch: &DiffusionBatch, _train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = self.config().inputs().check(batch)?;
         check_sequence_split(self.x_embedder.tp(), &[("latents", rows * cols)])?;
         let pooled = batch
             .pooled
             .as_ref()
             .expect("InputSpec::check requires the pooled vector");
-        Ok(self.forward_t(&batch.latents, &batch.timesteps, pooled, train))
-    }
-
-    fn set_recompute(&self, on: bool) {
-        DitTransformer::set_recompute(self, on);
-    }
-
-    fn layers(&self) -> Vec<String> {
-        stem_layers_head((0..self.blocks.len()).map(DitTransformer::layer_name))
+        Ok(self.forward(&batch.latents, &batch.timesteps, pooled))
     }
 }

@@ -50,6 +50,20 @@ impl Clone for Rope {
 }
 
 impl Rope {
+    /// The `cos` and `sin` tables.
+    pub fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
+    /// The same rotation over other `cos` and `sin` tables of the same shape.
+    pub fn with_tables(&self, cos: Tensor, sin: Tensor) -> Rope {
+        Rope {
+            cos,
+            sin,
+            interleaved: self.interleaved,
+        }
+    }
+
     /// Rotate `x [B, H, L, Dh]`. Interleaved: each pair `(x₂ᵢ, x₂ᵢ₊₁)` turns by angle `θᵢ`; otherwise
     /// the pairs are `(xᵢ, xᵢ₊Dh/2)`. Computed in f32, returned in `x`'s dtype.
     pub fn apply(&self, x: &Tensor) -> Tensor {

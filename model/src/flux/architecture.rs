@@ -9,7 +9,6 @@ use crate::convert::{self, Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
 use crate::flux::{activations, flops};
-use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer};
 
@@ -158,14 +157,5 @@ impl RootBlock for FluxTransformer {
             guidance: batch.guidance.as_ref(),
         };
         self.forward(&input, train)
-    }
-
-    fn set_recompute(&self, on: bool) {
-        FluxTransformer::set_recompute(self, on);
-    }
-
-    fn layers(&self) -> Vec<String> {
-        let n = self.joint_layers.len() + self.single_layers.len();
-        stem_layers_head((0..n).map(FluxTransformer::layer_name))
     }
 }

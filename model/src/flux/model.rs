@@ -1,16 +1,14 @@
 //! The Flux model: embedders, joint layers, single layers and the output layer.
 
-use std::cell::Cell;
-
 use flux_macros::diffusion_block;
 use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{check_sequence_split, Built};
 use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
+use crate::execution::Layers;
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::residency::{run_layer, HEAD, STEM};
 use crate::tp::{Linear, TpContext};
 use crate::{ConfigError, FluxConfig, FluxInput, InputError};
 
@@ -38,10 +36,10 @@ pub struct FluxTransformer {
     pub guidance_embedder: Option<TimeStepEmbedder>,
     /// `transformer.layers.0 ..< num_joint_layers`.
     #[layers(count = config.num_joint_layers, name = "transformer.layers")]
-    pub joint_layers: Vec<DoubleBlock>,
+    pub joint_layers: Layers<DoubleBlock>,
     /// `transformer.layers.num_joint_layers ..< num_layers`.
     #[layers(count = config.num_single_layers, start = config.num_joint_layers, name = "transformer.layers")]
-    pub single_layers: Vec<SingleBlock>,
+    pub single_layers: Layers<SingleBlock>,
     /// Output modulation `[2D, D]`, rows `[shift; scale]`.
     #[linear(in = config.hidden_size, out = 2 * config.hidden_size, name = "norm_out.linear")]
     pub norm_out: Linear,
@@ -52,21 +50,12 @@ pub struct FluxTransformer {
     pe_embedder: EmbedNd,
     #[value(config.clone())]
     config: FluxConfig,
-    /// Recompute each layer's activations in the backward pass (training only).
-    #[value(Cell::new(false))]
-    recompute: Cell<bool>,
 }
 
 impl FluxTransformer {
     /// The model's configuration.
     pub fn config(&self) -> &FluxConfig {
         &self.config
-    }
-
-    /// Recompute each layer's activations in the backward pass instead of keeping them
-    /// (training forward passes only; layers must be deterministic, i.e. no dropout).
-    pub fn set_recompute(&self, on: bool) {
-        self.recompute.set(on);
     }
 
     /// The name layer `i` runs under (joint layers first, then single ones): its parameters'
@@ -79,67 +68,38 @@ impl FluxTransformer {
     pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = input.check(&self.config)?;
         let p = self.config.patch_size;
-        let tp = self.x_embedder.tp();
         let text_len = input.txt.size()[1];
-        check_sequence_split(tp, &[("img", rows * cols), ("txt", text_len)])?;
+        check_sequence_split(
+            self.x_embedder.tp(),
+            &[("img", rows * cols), ("txt", text_len)],
+        )?;
 
-        // The stem: under sequence parallelism the layers work on this rank's slice of each
-        // stream.
-        let this = self as *const Self;
-        let latents = patchify(input.img, p);
-        let mut inputs = vec![&latents, input.txt, input.timesteps, input.y];
-        inputs.extend(input.guidance);
-        let stem = run_layer(STEM, &inputs, 3, false, move |x| {
-            // SAFETY: the model outlives the backward pass of any graph it built.
-            let this = unsafe { &*this };
-            let tp = this.x_embedder.tp();
-            let mut vec = this.time_embedder.forward(&x[2]) + this.vector_embedder.forward(&x[3]);
-            if let (Some(embedder), Some(g)) = (&this.guidance_embedder, x.get(4)) {
-                vec += embedder.forward(g);
-            }
-            vec![
-                tp.scatter_sequence(&this.x_embedder.forward(&x[0])),
-                tp.scatter_sequence(&this.context_embedder.forward(&x[1])),
-                vec,
-            ]
-        });
-        let [mut img, mut txt, vec] = stem.try_into().expect("three outputs");
+        let img = self.x_embedder.forward(&patchify(input.img, p));
+        let txt = self.context_embedder.forward(input.txt);
+        let mut vec =
+            self.time_embedder.forward(input.timesteps) + self.vector_embedder.forward(input.y);
+        if let (Some(embedder), Some(g)) = (&self.guidance_embedder, input.guidance) {
+            vec += embedder.forward(g);
+        }
         let rope = self
             .pe_embedder
             .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
 
-        let recomputing = train && self.recompute.get();
-        let name = Self::layer_name;
-        for (i, layer) in self.joint_layers.iter().enumerate() {
-            let (block, rope) = (layer as *const DoubleBlock, rope.clone());
-            let out = run_layer(&name(i), &[&img, &txt, &vec], 2, recomputing, move |x| {
-                // SAFETY: the model outlives the backward pass of any graph it built.
-                let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &rope, train);
-                vec![img, txt]
-            });
-            [img, txt] = out.try_into().expect("two outputs");
-        }
-        let mut x = tp.join_sequences(&[&txt, &img]);
-        let joint = self.joint_layers.len();
-        for (i, layer) in self.single_layers.iter().enumerate() {
-            let (block, rope) = (layer as *const SingleBlock, rope.clone());
-            let out = run_layer(&name(joint + i), &[&x, &vec], 1, recomputing, move |x| {
-                // SAFETY: the model outlives the backward pass of any graph it built.
-                vec![unsafe { &*block }.forward(&x[0], &x[1], &rope, train)]
-            });
-            x = out.into_iter().next().expect("one output");
-        }
-        let out = run_layer(HEAD, &[&x, &vec], 1, false, move |x| {
-            // SAFETY: the model outlives the backward pass of any graph it built.
-            let this = unsafe { &*this };
-            let tp = this.x_embedder.tp();
-            let img = tp.gather_sequence(&x[0]).narrow(1, text_len, rows * cols);
-            let eps = this.config.layernorm_epsilon;
-            let out = adaln_continuous(&this.norm_out, &img, &x[1], eps, Halves::ShiftScale);
-            vec![this.proj_out.forward(&out)]
-        });
-        let out = out.into_iter().next().expect("one output");
-        Ok(unpatchify(&out, p, rows, cols))
+        let (img, txt) = self.joint_layers.run(
+            (img, txt),
+            (&vec, &rope),
+            move |layer, (img, txt), (vec, rope)| layer.forward(&img, &txt, vec, rope, train),
+        );
+        let x = self.single_layers.run(
+            Tensor::cat(&[txt, img], 1),
+            (&vec, &rope),
+            move |layer, x, (vec, rope)| layer.forward(&x, vec, rope, train),
+        );
+
+        let img = x.narrow(1, text_len, rows * cols);
+        let eps = self.config.layernorm_epsilon;
+        let out = adaln_continuous(&self.norm_out, &img, &vec, eps, Halves::ShiftScale);
+        Ok(unpatchify(&self.proj_out.forward(&out), p, rows, cols))
     }
 }
 
@@ -159,11 +119,11 @@ impl Built<FluxTransformer> {
 
     /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).
     pub fn forward(&self, input: &FluxInput) -> Result<Tensor, InputError> {
-        self.transformer.forward(input, false)
+        self.forward_t(input, false)
     }
 
-    /// Predicted velocity `[B, C, H, W]`; `train` enables dropout.
+    /// Predicted velocity `[B, C, H, W]`; `train` enables dropout (and recomputation when set).
     pub fn forward_t(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
-        self.transformer.forward(input, train)
+        self.run(train, |t| t.forward(input, train))
     }
 }

@@ -12,7 +12,6 @@ use crate::architecture::{
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
 use crate::flux2::{layouts, Flux2Config, Flux2Transformer};
-use crate::residency::stem_layers_head;
 use crate::tp::check_tp_size;
 use crate::ConfigError;
 
@@ -191,7 +190,7 @@ impl ModelConfig for Flux2Config {
 }
 
 impl RootBlock for Flux2Transformer {
-    fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+    fn forward_batch(&self, batch: &DiffusionBatch, _train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = self.config().inputs().check(batch)?;
         let text = batch
             .text
@@ -206,17 +205,6 @@ impl RootBlock for Flux2Transformer {
             text,
             &batch.timesteps,
             batch.guidance.as_ref(),
-            train,
         ))
-    }
-
-    fn set_recompute(&self, on: bool) {
-        Flux2Transformer::set_recompute(self, on);
-    }
-
-    fn layers(&self) -> Vec<String> {
-        let double = (0..self.transformer_blocks.len()).map(|i| Self::layer_name(false, i));
-        let single = (0..self.single_transformer_blocks.len()).map(|i| Self::layer_name(true, i));
-        stem_layers_head(double.chain(single))
     }
 }

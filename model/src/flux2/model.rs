@@ -1,17 +1,15 @@
 //! The FLUX.2 transformer: embedders, the modulations shared by all blocks, double- and
 //! single-stream blocks and the output layer, with diffusers' state-dict names.
 
-use std::cell::Cell;
-
 use flux_macros::diffusion_block;
 use tch::{Device, Kind, Tensor};
 
 use crate::architecture::Built;
 use crate::embeddings::{EmbedNd, EmbedderDims, TimeStepEmbedder};
+use crate::execution::Layers;
 use crate::flux2::{Flux2Config, Flux2SingleTransformerBlock, Flux2TransformerBlock};
-use crate::layers::{adaln_continuous, Halves};
+use crate::layers::{adaln_continuous, modulation_params, Halves};
 use crate::patchify::{patchify, unpatchify};
-use crate::residency::{run_layer, HEAD, STEM};
 use crate::tp::Linear;
 
 /// Timestep and guidance embedders (`time_guidance_embed`), bias-free.
@@ -68,10 +66,10 @@ pub struct Flux2Transformer {
     pub single_stream_modulation: Linear,
     /// Double-stream blocks.
     #[layers(count = config.num_layers)]
-    pub transformer_blocks: Vec<Flux2TransformerBlock>,
+    pub transformer_blocks: Layers<Flux2TransformerBlock>,
     /// Single-stream blocks.
     #[layers(count = config.num_single_layers)]
-    pub single_transformer_blocks: Vec<Flux2SingleTransformerBlock>,
+    pub single_transformer_blocks: Layers<Flux2SingleTransformerBlock>,
     /// Output modulation `[2D, D]`, rows `[scale; shift]`.
     #[linear(in = config.hidden_size(), out = 2 * config.hidden_size(), bias = false,
              name = "norm_out.linear")]
@@ -83,9 +81,6 @@ pub struct Flux2Transformer {
     pe_embedder: EmbedNd,
     #[value(config.clone())]
     config: Flux2Config,
-    /// Recompute each block's activations in the backward pass (training only).
-    #[value(Cell::new(false))]
-    recompute: Cell<bool>,
 }
 
 /// Position ids `[B, L, 4]` (time, row, column, text index): image tokens `(0, r, c, 0)` of a
@@ -126,87 +121,54 @@ impl Flux2Transformer {
         }
     }
 
-    /// Recompute each block's activations in the backward pass instead of keeping them.
-    pub fn set_recompute(&self, on: bool) {
-        self.recompute.set(on);
-    }
-
     /// `latents [B, C, H, W]`, `text [B, S, joint_attention_dim]`, `t [B]` (σ in `[0, 1]`),
-    /// `guidance [B]` → predicted velocity `[B, C, H, W]`. `train` turns on recomputation when
-    /// it is set.
+    /// `guidance [B]` → predicted velocity `[B, C, H, W]`.
     pub fn forward(
         &self,
         latents: &Tensor,
         text: &Tensor,
         t: &Tensor,
         guidance: Option<&Tensor>,
-        train: bool,
     ) -> Tensor {
         let p = self.config.patch_size;
         let (b, _, h, w) = latents.size4().expect("latents must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
         let text_len = text.size()[1];
-        let tp = self.x_embedder.tp();
-        // The stem: conditioning, the modulations of every block (under sequence parallelism
-        // the blocks work on this rank's slice of each stream, and the modulations' gradients,
-        // each rank's tokens only, are summed over the group), and the embedded streams.
-        let this = self as *const Self;
-        let patches = patchify(latents, p);
-        let mut inputs = vec![&patches, text, t];
-        inputs.extend(guidance);
-        let stem = run_layer(STEM, &inputs, 6, false, move |x| {
-            // SAFETY: the model outlives the backward pass of any graph it built.
-            let this = unsafe { &*this };
-            let tp = this.x_embedder.tp();
-            let temb = this.time_guidance_embed.forward(&x[2], x.get(3));
-            let silu = temb.silu();
-            let modulation = |linear: &Linear| tp.broadcast_over_sequence(&linear.forward(&silu));
-            let mod_img = modulation(&this.double_stream_modulation_img);
-            let mod_txt = modulation(&this.double_stream_modulation_txt);
-            let mod_single = modulation(&this.single_stream_modulation);
-            let img = tp.scatter_sequence(&this.x_embedder.forward(&x[0]));
-            let txt = tp.scatter_sequence(&this.context_embedder.forward(&x[1]));
-            vec![mod_img, mod_txt, mod_single, img, txt, temb]
-        });
-        let [mod_img, mod_txt, mod_single, mut img, mut txt, temb] =
-            stem.try_into().expect("six outputs");
+
+        // Conditioning, and the modulations of every block computed once.
+        let temb = self.time_guidance_embed.forward(t, guidance);
+        let silu = temb.silu();
+        let mod_img = modulation_params(&self.double_stream_modulation_img, &silu);
+        let mod_txt = modulation_params(&self.double_stream_modulation_txt, &silu);
+        let mod_single = modulation_params(&self.single_stream_modulation, &silu);
+        let img = self.x_embedder.forward(&patchify(latents, p));
+        let txt = self.context_embedder.forward(text);
         let rope =
             self.pe_embedder
                 .forward(&position_ids(b, text_len, rows, cols, latents.device()));
 
-        let recomputing = train && self.recompute.get();
-        for (i, block) in self.transformer_blocks.iter().enumerate() {
-            let (block, rope) = (block as *const Flux2TransformerBlock, rope.clone());
-            let name = Self::layer_name(false, i);
-            let inputs = [&img, &txt, &mod_img, &mod_txt];
-            let out = run_layer(&name, &inputs, 2, recomputing, move |x| {
-                // SAFETY: the model outlives the backward pass of any graph it built.
-                let (img, txt) = unsafe { &*block }.forward(&x[0], &x[1], &x[2], &x[3], &rope);
-                vec![img, txt]
-            });
-            [img, txt] = out.try_into().expect("two outputs");
-        }
-        let mut x = tp.join_sequences(&[&txt, &img]);
-        for (i, block) in self.single_transformer_blocks.iter().enumerate() {
-            let (block, rope) = (block as *const Flux2SingleTransformerBlock, rope.clone());
-            let name = Self::layer_name(true, i);
-            let out = run_layer(&name, &[&x, &mod_single], 1, recomputing, move |x| {
-                // SAFETY: the model outlives the backward pass of any graph it built.
-                vec![unsafe { &*block }.forward(&x[0], &x[1], &rope)]
-            });
-            x = out.into_iter().next().expect("one output");
-        }
-        let out = run_layer(HEAD, &[&x, &temb], 1, false, move |x| {
-            // SAFETY: the model outlives the backward pass of any graph it built.
-            let this = unsafe { &*this };
-            let tp = this.x_embedder.tp();
-            let img = tp.gather_sequence(&x[0]).narrow(1, text_len, rows * cols);
-            let eps = this.config.eps;
-            let out = adaln_continuous(&this.norm_out, &img, &x[1], eps, Halves::ScaleShift);
-            vec![this.proj_out.forward(&out)]
-        });
-        let out = out.into_iter().next().expect("one output");
-        unpatchify(&out, p, rows, cols)
+        let (img, txt) = self.transformer_blocks.run(
+            (img, txt),
+            (&mod_img, &mod_txt, &rope),
+            |block, (img, txt), (mod_img, mod_txt, rope)| {
+                block.forward(&img, &txt, mod_img, mod_txt, rope)
+            },
+        );
+        let x = self.single_transformer_blocks.run(
+            Tensor::cat(&[txt, img], 1),
+            (&mod_single, &rope),
+            |block, x, (mod_single, rope)| block.forward(&x, mod_single, rope),
+        );
+
+        let img = x.narrow(1, text_len, rows * cols);
+        let out = adaln_continuous(
+            &self.norm_out,
+            &img,
+            &temb,
+            self.config.eps,
+            Halves::ScaleShift,
+        );
+        unpatchify(&self.proj_out.forward(&out), p, rows, cols)
     }
 }
 

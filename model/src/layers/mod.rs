@@ -5,5 +5,7 @@ mod modulation;
 mod norm;
 
 pub use mlp::{dropout, Mlp, MlpDims};
-pub use modulation::{adaln, adaln_continuous, split_modulations, Halves, Modulation};
+pub use modulation::{
+    adaln, adaln_continuous, modulation_params, split_modulations, Halves, Modulation,
+};
 pub use norm::layer_norm;

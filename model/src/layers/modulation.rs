@@ -37,8 +37,17 @@ impl Modulation {
 /// Under sequence parallelism the triples act on this rank's tokens only, so their gradients are
 /// summed over the group ([`crate::tp::TpContext::broadcast_over_sequence`]).
 pub fn adaln<const N: usize>(linear: &Linear, vec: &Tensor) -> [Modulation; N] {
-    let params = linear.forward(&vec.silu());
-    split_modulations(&linear.tp().broadcast_over_sequence(&params))
+    split_modulations(&modulation_params(linear, &vec.silu()))
+}
+
+/// Modulation parameters `linear(activated)` `[B, 3·N·D]` from an activated conditioning vector
+/// `[B, D]`; FLUX.2 computes them once per model for every block to split
+/// ([`split_modulations`]). Under sequence parallelism the blocks apply them to this rank's
+/// tokens only, so their gradients are summed over the group.
+pub fn modulation_params(linear: &Linear, activated: &Tensor) -> Tensor {
+    linear
+        .tp()
+        .broadcast_over_sequence(&linear.forward(activated))
 }
 
 /// Split modulation parameters already computed, `[B, 3·N·D]` laid out as `N` (shift, scale,

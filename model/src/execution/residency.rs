@@ -1,8 +1,10 @@
-//! Where a layer's parameters live between its uses. Models run each of their layers through
-//! [`run_layer`]; by default it only applies activation recomputation, but a training loop that
-//! shards the parameters themselves (ZeRO-3, `[parallelism] sharding = "full"`) installs a
-//! [`LayerParams`] that gathers a layer's weights just before it runs, gives their memory back
-//! after it, and gathers them again when backward reaches the layer (`csrc/residency.cpp`).
+//! Where a layer's parameters live between its uses. The framework runs each layer of a model
+//! through [`run_layer`] (from [`crate::execution::Layers`]), and the parameters before and after
+//! the layers as the units [`STEM`] and [`HEAD`]; by default that only applies activation
+//! recomputation, but a training loop that shards the parameters themselves (ZeRO-3,
+//! `[parallelism] sharding = "full"`) installs a [`LayerParams`] that gathers a unit's weights
+//! just before it runs, gives their memory back after it, and gathers them again when backward
+//! reaches the unit (`csrc/residency.cpp`).
 
 use std::ffi::{c_void, CStr};
 use std::os::raw::c_char;
@@ -11,7 +13,7 @@ use std::sync::Mutex;
 use tch::Tensor;
 use torch_sys::C_tensor;
 
-use crate::recompute::recompute;
+use crate::execution::recompute::recompute;
 use crate::tp::Pass;
 
 extern "C" {
@@ -53,13 +55,13 @@ pub fn fill_storage(t: &Tensor, src: &Tensor) {
     }
 }
 
-/// The unit of the parameters declared before a model's first layer (the embedders of latents,
-/// text and conditioning), when its forward pass runs them through [`run_layer`] under this
-/// name.
+/// The unit of the parameters declared before a model's first `#[layers]` field (the embedders
+/// of latents, text and conditioning): gathered when the model's forward pass starts, released
+/// when its first layers start.
 pub const STEM: &str = "stem";
 
-/// The unit of the parameters declared after a model's last layer (the output layer), when its
-/// forward pass runs them through [`run_layer`] under this name.
+/// The unit of the parameters declared after a model's last `#[layers]` field (the output
+/// layer): gathered when its last layers end, released when the forward pass returns.
 pub const HEAD: &str = "head";
 
 /// The layer a parameter belongs to: its name up to and including the first all-digit component
@@ -92,8 +94,8 @@ pub fn units<'n>(names: &[&'n str]) -> Vec<&'n str> {
         .collect()
 }
 
-/// The units a forward pass runs that runs [`STEM`], then `layers`, then [`HEAD`]: what its
-/// [`RootBlock::layers`](crate::RootBlock::layers) lists.
+/// The units a forward pass runs: [`STEM`], then `layers`, then [`HEAD`] (what
+/// [`crate::DiffusionModel::layers`] lists).
 pub fn stem_layers_head(layers: impl IntoIterator<Item = String>) -> Vec<String> {
     std::iter::once(STEM.to_string())
         .chain(layers)
@@ -164,8 +166,27 @@ extern "C" fn drop_name(handle: *mut c_void) {
     drop(unsafe { Box::from_raw(handle as *mut String) });
 }
 
+/// Whether a [`LayerParams`] is installed.
+pub(crate) fn installed() -> bool {
+    INSTALLED.lock().expect("residency lock").is_some()
+}
+
+/// Make `unit`'s parameters present for its forward pass, when a [`LayerParams`] is installed.
+pub(crate) fn gather(unit: &str) {
+    with_installed(|p| p.gather(unit, Pass::Forward));
+}
+
+/// `unit`'s forward pass is done: release its parameters, and gather them again when backward
+/// reaches any of `outputs` (what the unit computed), when a [`LayerParams`] is installed.
+pub(crate) fn release(unit: &str, outputs: &[&Tensor]) {
+    if installed() {
+        with_installed(|p| p.release(unit));
+        on_backward(unit, outputs);
+    }
+}
+
 /// Hooks on `outputs` of `layer` that gather its parameters when backward reaches them.
-fn on_backward(layer: &str, outputs: &[Tensor]) {
+pub(crate) fn on_backward(layer: &str, outputs: &[&Tensor]) {
     for t in outputs.iter().filter(|t| t.requires_grad()) {
         let handle = Box::into_raw(Box::new(layer.to_string())) as *mut c_void;
         // SAFETY: `t` is live; the hook owns `handle` and frees it with `drop_name`.
@@ -186,25 +207,19 @@ fn on_backward(layer: &str, outputs: &[Tensor]) {
 /// backward pass ([`recompute`]; `f` must then be deterministic and everything it refers to must
 /// live until backward). With a [`LayerParams`] installed, its parameters are gathered before
 /// and released after, and gathered again before backward reaches the layer.
-pub fn run_layer(
+pub(crate) fn run_layer(
     layer: &str,
     inputs: &[&Tensor],
     n_out: usize,
     recomputing: bool,
     f: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static,
 ) -> Vec<Tensor> {
-    let sharded = INSTALLED.lock().expect("residency lock").is_some();
-    if sharded {
-        with_installed(|p| p.gather(layer, Pass::Forward));
-    }
+    gather(layer);
     let outputs = match recomputing {
         true => recompute(inputs, n_out, f),
         false => f(&inputs.iter().map(|t| t.shallow_clone()).collect::<Vec<_>>()),
     };
-    if sharded {
-        with_installed(|p| p.release(layer));
-        on_backward(layer, &outputs);
-    }
+    release(layer, &outputs.iter().collect::<Vec<_>>());
     outputs
 }
 
