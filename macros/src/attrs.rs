@@ -171,28 +171,74 @@ fn type_is(ty: &Type, name: &str) -> bool {
     last_segment(ty).is_some_and(|s| s.ident == name)
 }
 
-/// Parse `key = value` pairs with a callback per key; flags are keys without `= value`. A key
-/// given twice is an error at the second.
+/// Parse `key = value` pairs with a callback per key; flags are keys without `= value`. Every
+/// bad key is reported, not only the first: after an error the rest of that key's value is
+/// skipped and parsing goes on at the next comma. A key given twice is an error at the second.
 fn parse_args(
     attr: &Attribute,
     mut on_key: impl FnMut(&Ident, ParseStream) -> Result<()>,
 ) -> Result<()> {
     attr.parse_args_with(|input: ParseStream| {
+        let mut errors = Errors::default();
         let mut seen: Vec<Ident> = Vec::new();
         while !input.is_empty() {
-            let key: Ident = input.call(syn::ext::IdentExt::parse_any)?;
-            if seen.contains(&key) {
-                return Err(Error::new_spanned(&key, format!("`{key}` is given twice")));
+            let parsed = input
+                .call(syn::ext::IdentExt::parse_any)
+                .and_then(|key: Ident| {
+                    if seen.contains(&key) {
+                        return Err(Error::new_spanned(&key, format!("`{key}` is given twice")));
+                    }
+                    seen.push(key.clone());
+                    on_key(&key, input)
+                });
+            if let Err(e) = parsed {
+                errors.push(e);
+                skip_to_comma(input)?;
             }
-            on_key(&key, input)?;
-            seen.push(key);
             if input.is_empty() {
                 break;
             }
-            input.parse::<Token![,]>()?;
+            if let Err(e) = input.parse::<Token![,]>() {
+                errors.push(e);
+                skip_to_comma(input)?;
+                let _ = input.parse::<Option<Token![,]>>()?;
+            }
         }
-        Ok(())
+        errors.finish()
     })
+}
+
+/// Skip the tokens up to the next top-level comma (or the end), after a key that failed.
+fn skip_to_comma(input: ParseStream) -> Result<()> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tt, next)) = rest.token_tree() {
+            if matches!(&tt, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                break;
+            }
+            rest = next;
+        }
+        Ok(((), rest))
+    })
+}
+
+/// Errors collected while parsing, reported together (serde_derive's `Ctxt`).
+#[derive(Default)]
+pub struct Errors(Option<Error>);
+
+impl Errors {
+    /// Add `e`.
+    pub fn push(&mut self, e: Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+
+    /// `Ok` when none was found, else all of them as one error.
+    pub fn finish(self) -> Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
 }
 
 fn value<T: Parse>(input: ParseStream) -> Result<T> {
@@ -564,6 +610,16 @@ fn parse_layers(attr: &Attribute, field: &Field) -> Result<LayersAttr> {
         config,
         name,
     })
+}
+
+/// The name of the first of the macro's attributes on `field` (`"linear"`, …), if any.
+pub fn field_attr(field: &Field) -> Option<String> {
+    field
+        .attrs
+        .iter()
+        .filter_map(|a| a.path().get_ident())
+        .map(Ident::to_string)
+        .find(|n| FIELD_ATTRS.contains(&n.as_str()))
 }
 
 /// Parse one field: exactly one of the macro's attributes.

@@ -1,13 +1,19 @@
-//! Checks across the fields of one block, run after every field parsed; each returns every
-//! error it finds.
+//! Checks across the fields of one block, run on the fields that parsed; each returns every
+//! error it finds, and says nothing a field that failed to parse could make wrong.
 
 use syn::Error;
 
 use crate::attrs::{BlockField, FieldKind, ShardKind};
 
-/// Every cross-field error of `fields`.
-pub fn check(fields: &[BlockField]) -> Vec<Error> {
-    row_has_column(fields)
+/// Every cross-field error of `fields`; `failed` names the attributes of the fields that did
+/// not parse (`"linear"`, …).
+pub fn check(fields: &[BlockField], failed: &[String]) -> Vec<Error> {
+    let mut errors = Vec::new();
+    // A linear that failed to parse may be the column-parallel producer.
+    if !failed.iter().any(|a| a == "linear") {
+        errors.extend(row_has_column(fields));
+    }
+    errors
 }
 
 /// A row-parallel linear consumes a sharded input; within one block that shard must come from a

@@ -6,8 +6,8 @@ use quote::{quote, quote_spanned};
 use syn::{Error, Expr, GenericArgument, ItemStruct, LitStr, PathArguments, Result, Type};
 
 use crate::attrs::{
-    BlockArgs, BlockField, EmbeddingAttr, FieldKind, LinearAttr, NormAttr, ParamAttr, ParamInit,
-    ShardKind, FIELD_ATTRS,
+    BlockArgs, BlockField, EmbeddingAttr, Errors, FieldKind, LinearAttr, NormAttr, ParamAttr,
+    ParamInit, ShardKind, FIELD_ATTRS,
 };
 
 /// The state-dict name of a field: its `name = "..."` or the field's identifier.
@@ -251,14 +251,23 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
 /// (without the macro's attributes) next to every error found, so one mistake does not cascade
 /// into errors wherever the struct is used.
 pub fn expand(args: Result<BlockArgs>, mut item: ItemStruct) -> TokenStream {
-    let mut errors: Option<Error> = args.as_ref().err().cloned();
+    let mut errors = Errors::default();
+    if let Err(e) = &args {
+        errors.push(e.clone());
+    }
+    // Fields whose attribute failed, by attribute: the cross-field checks must not take them
+    // for absent.
+    let mut failed: Vec<String> = Vec::new();
     let fields = match &item.fields {
         syn::Fields::Named(named) => {
             let mut fields = Vec::new();
             for field in &named.named {
                 match crate::attrs::parse_field(field) {
                     Ok(f) => fields.push(f),
-                    Err(e) => push(&mut errors, e),
+                    Err(e) => {
+                        errors.push(e);
+                        failed.extend(crate::attrs::field_attr(field));
+                    }
                 }
             }
             fields
@@ -268,21 +277,19 @@ pub fn expand(args: Result<BlockArgs>, mut item: ItemStruct) -> TokenStream {
                 &item.ident,
                 "#[diffusion_block] needs a struct with named fields",
             );
-            push(&mut errors, e);
+            errors.push(e);
             Vec::new()
         }
     };
-    // Cross-field checks need every field: a field that failed to parse would look absent.
-    if errors.is_none() {
-        for e in crate::checks::check(&fields) {
-            push(&mut errors, e);
-        }
+    // Cross-field checks run on the fields that parsed.
+    for e in crate::checks::check(&fields, &failed) {
+        errors.push(e);
     }
     let mut code = Vec::new();
     for field in &fields {
         match field_code(field) {
             Ok(c) => code.push(c),
-            Err(e) => push(&mut errors, e),
+            Err(e) => errors.push(e),
         }
     }
     for field in item.fields.iter_mut() {
@@ -290,21 +297,36 @@ pub fn expand(args: Result<BlockArgs>, mut item: ItemStruct) -> TokenStream {
             .attrs
             .retain(|a| !FIELD_ATTRS.iter().any(|n| a.path().is_ident(n)));
     }
-    match (errors, args) {
-        (None, Ok(args)) => generate(&args, &item, &fields, code),
-        (Some(errors), _) => {
+    match (errors.finish(), args) {
+        (Ok(()), Ok(args)) => generate(&args, &item, &fields, code),
+        (Err(errors), args) => {
             let errors = errors.into_compile_error();
-            quote!(#item #errors)
+            let dummy = args.ok().map(|args| dummy_impl(&args, &item));
+            quote!(#item #dummy #errors)
         }
-        (None, Err(_)) => unreachable!("an argument error is collected"),
+        (Ok(()), Err(_)) => unreachable!("an argument error is collected"),
     }
 }
 
-/// Add `e` to the errors found so far.
-fn push(errors: &mut Option<Error>, e: Error) {
-    match errors {
-        Some(all) => all.combine(e),
-        None => *errors = Some(e),
+/// A `Block` impl that compiles but is never run, emitted beside the errors (clap_derive's
+/// dummies): a parent block that uses this one gets no follow-on error.
+fn dummy_impl(args: &BlockArgs, item: &ItemStruct) -> TokenStream {
+    let (ident, config) = (&item.ident, &args.config);
+    let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
+    quote! {
+        impl #impl_generics ::flux_model::Block for #ident #ty_generics #where_clause {
+            type Config = #config;
+
+            fn new(_: &::tch::nn::Path<'_>, _: &#config, _: &::flux_model::tp::TpContext) -> Self {
+                ::std::unreachable!("#[diffusion_block] reported errors for this block")
+            }
+
+            fn param_specs(_: &str, _: &#config, _: i64) -> ::std::vec::Vec<::flux_model::tp::ParamSpec> {
+                ::std::unreachable!("#[diffusion_block] reported errors for this block")
+            }
+
+            fn visit_linears<'s>(&'s self, _: &mut dyn FnMut(&'s ::flux_model::tp::Linear)) {}
+        }
     }
 }
 
