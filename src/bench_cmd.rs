@@ -7,13 +7,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use flux_cluster::{ParallelWorld, Placement};
 use flux_data::dataset::LatentDataset;
 use flux_model::tp::staging;
 use flux_model::{tensor_memory, DiffusionBatch, DiffusionModel};
 use flux_train::metrics::{peak_rss_mib, rss_mib};
 use flux_train::units::mib;
-use flux_train::{build_model, RunConfig, Trainer};
+use flux_train::{build_model, Launch, RunConfig, Trainer};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
@@ -109,12 +108,10 @@ enum Work<'a> {
 
 fn timed(args: TimedArgs, train: bool) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
-    let placement = Placement::from_env()?;
-    let threads = args.threads.unwrap_or_else(|| placement.threads());
-    tch::set_num_threads(threads as i32);
-    let device = args.device.device.resolve(placement.local_rank)?;
-    let transport = run.parallelism.transport(device)?;
-    let world = ParallelWorld::from_launch(&placement, run.parallelism.group_sizes(), transport)?;
+    let p = &run.parallelism;
+    let launch = Launch::join(p, args.device.device, p.group_sizes(), args.threads)?;
+    let (world, device, transport) = (&launch.world, launch.device, launch.transport);
+    let threads = args.threads.unwrap_or_else(|| launch.placement.threads());
     // What the process holds before any weight exists: libtorch, MPI, the binary.
     let baseline_rss = rss_mib();
     // Tensors' own bytes, what `flux-hpc plan` predicts (CUDA's caching allocator counts its own).

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use flux_cluster::{GroupSizes, ParallelWorld, Placement};
+use flux_cluster::GroupSizes;
 use flux_model::tp::{staging, Collective};
+use flux_train::Launch;
 use tch::{Device, Kind, Tensor};
 
 use crate::{ConfigArgs, DeviceArgs};
@@ -129,15 +130,13 @@ fn check(group: &dyn Collective, op: &'static str, n: i64, kind: Kind, device: D
 /// Run every collective in f32 and bf16 on the world group; fails on any wrong value.
 pub fn run(args: CheckCollectivesArgs) -> Result<()> {
     let run = flux_train::RunConfig::load(&args.config.config, &args.config.overrides)?;
-    let placement = Placement::from_env()?;
-    let device = args.device.device.resolve(placement.local_rank)?;
-    let transport = run.parallelism.transport(device)?;
     let sizes = GroupSizes {
         tensor_parallel: 1,
         shard_group: 0,
         sequence_parallel: false,
     };
-    let world = ParallelWorld::init(sizes, transport)?;
+    let launch = Launch::join(&run.parallelism, args.device.device, sizes, None)?;
+    let (world, device, transport) = (&launch.world, launch.device, launch.transport);
     let group = world.world.as_ref();
     let leader = group.rank() == 0;
     if leader {

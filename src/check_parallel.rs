@@ -7,10 +7,10 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use flux_cluster::ParallelWorld;
+use flux_cluster::DeviceChoice;
 use flux_model::tp::{all_reduce_grads, CollectiveCounts, TpContext, BUCKET_ELEMENTS};
 use flux_model::DiffusionBatch;
-use flux_train::RunConfig;
+use flux_train::{Launch, RunConfig};
 use tch::{Device, Kind, Tensor};
 
 use crate::resolution::Resolution;
@@ -53,8 +53,9 @@ fn loss(out: &Tensor, target: &Tensor, global_elements: i64) -> Tensor {
 pub fn run(args: CheckParallelArgs) -> Result<()> {
     let run = RunConfig::load(&args.config.config, &args.config.overrides)?;
     let tp_size = run.parallelism.tensor_parallel_size as usize;
-    let transport = run.parallelism.transport(Device::Cpu)?;
-    let world = ParallelWorld::init(run.parallelism.group_sizes(), transport)?;
+    let p = &run.parallelism;
+    let launch = Launch::join(p, DeviceChoice::Cpu, p.group_sizes(), Some(1))?;
+    let (world, transport) = (&launch.world, launch.transport);
     let (dp_rank, dp_size) = (world.dp_rank(), world.dp_size());
     if args.batch % dp_size as i64 != 0 {
         bail!(
@@ -62,7 +63,6 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
             args.batch
         );
     }
-    tch::set_num_threads(1);
     let config = &run.model;
     let inputs = config.inputs();
 

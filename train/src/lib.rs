@@ -13,6 +13,7 @@ mod data_source;
 mod ema;
 mod fused_adamw;
 mod grad_hooks;
+mod launch;
 mod lora_run;
 pub mod loss;
 pub mod memory_plan;
@@ -38,6 +39,7 @@ pub mod step_data;
 pub mod tensorboard;
 pub mod timesteps;
 mod trainer;
+mod training_run;
 pub mod units;
 
 pub use adapter_file::{merge_adapter_file, read_adapter_file};
@@ -46,6 +48,7 @@ pub use cadence::{AfterStep, Cadence};
 pub use data_parallel::{dp_optimizer, DpOptimizer, Replicated};
 pub use data_source::{synthetic_data, DataSource, EVAL_BASE};
 pub use grad_hooks::OverlapReport;
+pub use launch::{Launch, LaunchError};
 pub use lora_run::{LoraFormat, LoraRun};
 pub use monitoring::{LoggingConfig, SamplingConfig};
 pub use overlapped_reduce::OverlappedReduce;
@@ -60,3 +63,4 @@ pub use sections::{
 };
 pub use sharded_adamw::ShardedAdamW;
 pub use trainer::{build_model, NonFiniteReport, StepError, StepStats, Trainer};
+pub use training_run::{Outcome, Progress, RunError, RunOptions, TrainingRun};
