@@ -273,12 +273,14 @@ impl<'w> TrainingRun<'w> {
                 total_steps: run.training.total_steps,
             });
         }
+        // A collective (tensor-parallel shards are gathered): every rank takes part.
+        let finals = self.trainer.final_weights();
         let mut weights = Vec::new();
         let mut records = Vec::new();
         if let Some(log) = &log {
             plot_loss_curve(log.records(), &dir.join("loss_curve.png"))
                 .map_err(RunError::LossCurve)?;
-            for (file, tensors) in &self.trainer.final_weights() {
+            for (file, tensors) in &finals {
                 flux_data::convert::write_tensors(&dir.join(file), tensors)?;
                 weights.push(dir.join(file));
             }
