@@ -11,7 +11,7 @@ use std::path::Path;
 
 use flux_data::convert::{SafetensorsReader, TensorInfo};
 
-use crate::vae::AutoencoderConfig;
+use crate::vae_config::AutoencoderConfig;
 use crate::weights::{LoadError, Stored};
 
 /// GroupNorm groups of BFL's autoencoder (fixed in its code, not stored).

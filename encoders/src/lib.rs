@@ -21,6 +21,7 @@ pub mod prompt;
 pub mod t5;
 pub mod tokenizer;
 pub mod vae;
+mod vae_config;
 pub mod weights;
 
 pub use buckets::Bucket;

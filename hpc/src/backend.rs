@@ -5,6 +5,17 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
+extern "C" {
+    // csrc/c10d_groups.cpp
+    fn flux_c10d_has_nccl() -> i32;
+}
+
+/// Whether this build has c10d's NCCL process group (it found CUDA's and NCCL's headers).
+pub fn has_nccl() -> bool {
+    // SAFETY: reads a constant.
+    unsafe { flux_c10d_has_nccl() != 0 }
+}
+
 /// How a world's groups communicate: the backend a run's device takes, and how long any
 /// collective or set-up step may wait for its peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +77,10 @@ impl Backend {
     pub fn resolve(self, device: Device) -> Result<Backend, BackendError> {
         let cuda = device.is_cuda();
         match self {
-            Backend::Auto if cuda && crate::c10d::has_nccl() => Ok(Backend::Nccl),
+            Backend::Auto if cuda && has_nccl() => Ok(Backend::Nccl),
             Backend::Auto => Ok(Backend::Mpi),
             Backend::Nccl if !cuda => Err(BackendError::NcclWithoutCuda { device }),
-            Backend::Nccl if !crate::c10d::has_nccl() => Err(BackendError::NcclNotBuilt),
+            Backend::Nccl if !has_nccl() => Err(BackendError::NcclNotBuilt),
             Backend::Gloo if cuda => Err(BackendError::GlooOnCuda { device }),
             concrete => Ok(concrete),
         }

@@ -22,7 +22,6 @@ type Handle = c_void;
 
 extern "C" {
     fn flux_c10d_last_error() -> *const c_char;
-    fn flux_c10d_has_nccl() -> i32;
     fn flux_c10d_store(
         host: *const c_char,
         port: i32,
@@ -57,12 +56,6 @@ extern "C" {
     fn flux_c10d_is_completed(work: *mut Handle) -> i32;
     fn flux_c10d_wait(work: *mut Handle) -> i32;
     fn flux_c10d_work_free(work: *mut Handle);
-}
-
-/// Whether this build has c10d's NCCL process group (it found CUDA's and NCCL's headers).
-pub fn has_nccl() -> bool {
-    // SAFETY: reads a constant.
-    unsafe { flux_c10d_has_nccl() != 0 }
 }
 
 /// The C++ side's message for the failure this thread just saw.

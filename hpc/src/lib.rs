@@ -17,8 +17,8 @@ mod signals;
 pub mod slurm;
 pub mod watchdog;
 
-pub use backend::{Backend, BackendError, Transport};
-pub use c10d::{has_nccl, C10dGroup};
+pub use backend::{has_nccl, Backend, BackendError, Transport};
+pub use c10d::C10dGroup;
 pub use device::{DeviceChoice, DeviceError};
 pub use mpi_group::MpiGroup;
 pub use mpi_groups::{GroupSizes, LayoutError, ParallelWorld};

@@ -121,14 +121,6 @@ pub(crate) fn all_finite(t: &Tensor) -> bool {
     bool::try_from(t.isfinite().all()).unwrap_or(false)
 }
 
-/// Bytes of the storage of `tensors`.
-pub(crate) fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64 {
-    tensors
-        .into_iter()
-        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
-        .sum()
-}
-
 /// The optimizer of `store`'s trainable parameters for data-parallel groups `groups`, sharded
 /// and bucketed as `parallelism` says; `layers` are the model's
 /// ([`flux_model::DiffusionModel::layers`]), whose weights full sharding gives back at once;

@@ -102,7 +102,7 @@ impl AdamW {
             .iter()
             .filter(|s| s.param.kind() != Kind::Float)
             .map(|s| &s.master);
-        crate::data_parallel::bytes_of(
+        crate::units::bytes_of(
             separate.chain(self.slots.iter().flat_map(|s| [&s.exp_avg, &s.exp_avg_sq])),
         )
     }

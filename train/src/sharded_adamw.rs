@@ -25,7 +25,7 @@ use flux_model::execution::residency::{install, Installation};
 use flux_model::tp::{Collective, DpGroups, ShardedStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::data_parallel::{all_finite, bytes_of, nonfinite_param_grads, DpOptimizer};
+use crate::data_parallel::{all_finite, nonfinite_param_grads, DpOptimizer};
 use crate::fused_adamw::{fused_adamw, Hyper};
 use crate::grad_hooks::OverlapReport;
 use crate::optim::{clip_coefficient, named_params};
@@ -36,6 +36,7 @@ use crate::shard_layout::{
 };
 use crate::sharded_grads::GradShard;
 use crate::sharded_params::ShardedParams;
+use crate::units::bytes_of;
 
 /// Borrows of every tensor of `ts`.
 fn refs(ts: &[Tensor]) -> Vec<&Tensor> {

@@ -16,7 +16,7 @@ use tch::{Device, Kind};
 
 use crate::adapter_file::read_adapter_file;
 use crate::base_weights::load_base;
-use crate::data_parallel::{bytes_of, dp_optimizer, DpOptimizer};
+use crate::data_parallel::{dp_optimizer, DpOptimizer};
 use crate::data_source::{DataSource, DrawSettings};
 use crate::ema::Ema;
 use crate::grad_hooks::OverlapReport;
@@ -30,6 +30,7 @@ use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
 use crate::sections::{NonFinitePolicy, Precision};
 use crate::sharded_build::ShardedBuild;
 use crate::step_data::{step_data, NoiseLevels, StepData};
+use crate::units::bytes_of;
 use crate::{RunConfig, EVAL_BASE};
 
 /// What one optimizer step measured.

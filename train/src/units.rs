@@ -1,4 +1,14 @@
-//! Byte counts as the binary units reports print them.
+//! Byte counts of tensors, and as the binary units reports print them.
+
+use tch::Tensor;
+
+/// Bytes of the elements of `tensors`.
+pub fn bytes_of<'t>(tensors: impl IntoIterator<Item = &'t Tensor>) -> u64 {
+    tensors
+        .into_iter()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+        .sum()
+}
 
 /// `bytes` in MiB (2^20 bytes).
 pub fn mib(bytes: u64) -> f64 {

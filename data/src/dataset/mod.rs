@@ -8,6 +8,7 @@
 //! data-parallel ranks and prefetch on a thread.
 
 mod batch;
+mod checksum;
 mod layout;
 mod order;
 mod prefetch;

@@ -10,8 +10,8 @@ use hdf5::filters::Filter;
 use hdf5::types::VarLenUnicode;
 use hdf5::Dataset;
 
+use crate::dataset::checksum::check_crc;
 use crate::dataset::layout::{ShardLayout, CAPTIONS, IDS};
-use crate::dataset::validate::check_crc;
 use crate::dataset::values::{StorageDtype, Values};
 use crate::dataset::writer::Sample;
 use crate::error::{io, DataError};
