@@ -39,11 +39,17 @@ say() { printf '\033[1m[bench]\033[0m %s\n' "$*" >&2; }
 flux() { "$BIN" bench "$@" 2>/dev/null; }
 torch() { "$PY" benches/pytorch_reference.py "$@"; }
 
-for t in $THREADS; do
-    flux matmul --threads "$t" --device cpu >> "$results"
-done
+# The matmul rate MFU divides by: read at each thread count in every round (the best reading
+# is the denominator, the spread is printed), so one slow moment of a shared machine does not
+# set it.
+matmul() {
+    for t in $THREADS; do
+        flux matmul --threads "$t" --device cpu >> "$results"
+    done
+}
 
 for round in $(seq "$ROUNDS"); do
+    matmul
     for what in step forward; do
         for t in $THREADS; do
             say "round $round/$ROUNDS: $what, $t thread(s)"
@@ -68,6 +74,7 @@ for round in $(seq "$ROUNDS"); do
     "${MPIRUN[@]}" -np 2 "$BIN" bench "${one[@]}" \
         --set parallelism.tensor_parallel_size=2 2>/dev/null >> "$results"
 done
+matmul
 
 say "latent shard for the read benchmark"
 data="$OUT/data"
