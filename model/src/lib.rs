@@ -24,7 +24,6 @@ pub mod activations;
 pub mod architecture;
 pub mod attention;
 mod block;
-pub mod blocks;
 mod config_error;
 pub mod convert;
 pub mod dit;
@@ -42,7 +41,8 @@ pub mod tp;
 mod widths;
 
 pub use architecture::{
-    DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig, ModelSpec, ARCHITECTURES,
+    DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig, ModelSpec, Registered,
+    ARCHITECTURES,
 };
 pub use block::Block;
 pub use config_error::ConfigError;

@@ -188,3 +188,23 @@ fn model_construction_refuses_invalid_configs() {
     );
     assert_eq!(err.within("model").field, "model.num_attention_heads");
 }
+
+/// The run configs shipped as `configs/<architecture>_tiny.toml` build the model the registry's
+/// tiny config describes (an architecture need not ship one).
+#[test]
+fn shipped_tiny_run_configs_hold_each_architectures_tiny_model() {
+    for architecture in flux_model::ARCHITECTURES {
+        let file = format!(
+            "{}/../configs/{}_tiny.toml",
+            env!("CARGO_MANIFEST_DIR"),
+            architecture.name
+        );
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let mut run: toml::Table = toml::from_str(&text).unwrap();
+        let table = run.remove("model").unwrap().try_into().unwrap();
+        let shipped = flux_model::ModelSpec::from_table(table).unwrap();
+        assert_eq!(shipped, architecture.tiny(), "{file}");
+    }
+}

@@ -4,7 +4,7 @@
 use approx::assert_abs_diff_eq;
 use flux_model::dit::{sincos_2d, Dit, DitConfig, DitTransformer};
 use flux_model::tp::TpContext;
-use flux_model::{Block, DiffusionBatch, ModelSpec};
+use flux_model::{Block, DiffusionBatch, ModelConfig, ModelSpec};
 use tch::{Device, Kind, Tensor};
 
 fn config() -> DitConfig {
@@ -95,7 +95,7 @@ fn the_generic_forward_is_the_transformer_on_the_pooled_vector() {
 #[test]
 fn dit_attends_over_image_tokens_only() {
     // 4·L²·D per block and sample, L = 3 image tokens; the 7 text tokens do not count.
-    let f = flux_model::architecture::forward_flops(&config(), 1, 3, 7);
+    let f = config().forward_flops(1, 3, 7);
     assert_eq!(f.attention, 2.0 * 4.0 * 9.0 * 32.0);
 }
 

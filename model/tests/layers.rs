@@ -7,7 +7,7 @@ use std::cell::RefCell;
 
 use flux_model::execution::residency::{install, units, LayerParams, STEM};
 use flux_model::tp::{Pass, TpContext};
-use flux_model::{DiffusionBatch, ModelSpec};
+use flux_model::DiffusionBatch;
 use tch::{Device, Kind};
 
 /// Records the layers a forward pass gathers and releases.
@@ -31,15 +31,7 @@ impl LayerParams for Recorder {
 #[test]
 fn every_architecture_runs_its_layers_under_their_parameters_prefixes() {
     for architecture in flux_model::ARCHITECTURES {
-        let file = format!(
-            "{}/../configs/{}_tiny.toml",
-            env!("CARGO_MANIFEST_DIR"),
-            architecture.name
-        );
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let mut run: toml::Table = toml::from_str(&text).unwrap();
-        let table = run.remove("model").unwrap().try_into().unwrap();
-        let spec = ModelSpec::from_table(table).unwrap();
+        let spec = architecture.tiny();
         tch::manual_seed(0);
         let model = spec.build(Device::Cpu, TpContext::single()).unwrap();
         let layers = model.layers();

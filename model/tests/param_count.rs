@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use flux_model::{Flux, FluxConfig};
+use flux_model::{Flux, FluxConfig, ModelConfig};
 use tch::Device;
 
 #[test]
@@ -127,13 +127,14 @@ fn the_flops_model_counts_every_weight_matrix_once() {
     }
     // Attention at one token per sample is 4·D per layer; 2·weights per token otherwise.
     let c = FluxConfig::flux_535m();
-    let f = flux_model::architecture::forward_flops(&c, 1, 1, 0);
+    let f = c.forward_flops(1, 1, 0);
     assert_eq!(f.attention, 4.0 * c.hidden_size as f64 * 2.0);
 }
 
 #[test]
 fn every_registered_architecture_counts_each_weight_matrix_once_for_flops() {
     for architecture in flux_model::ARCHITECTURES {
+        // The full-size defaults: FLUX.1 [dev], DiT-XL/2, FLUX.2 [dev].
         let mut table = toml::Table::new();
         table.insert("architecture".into(), architecture.name.into());
         let spec = flux_model::ModelSpec::from_table(table).unwrap();

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use flux_model::convert::{table::Combine, Layout};
+use flux_model::convert::{Combine, Layout};
 use flux_model::tp::ParamSpec;
 use flux_model::ModelSpec;
 

@@ -16,5 +16,5 @@ mod registry;
 pub use built::{Built, RootBlock};
 pub(crate) use inputs::{check_sequence_split, expect_shape};
 pub use inputs::{DiffusionBatch, InputError, InputSpec};
-pub use model::{forward_flops, DiffusionModel, ModelConfig};
+pub use model::{DiffusionModel, Erased, ModelConfig, Registered};
 pub use registry::{Architecture, ModelSpec, ARCHITECTURES, ARCHITECTURE_KEY};

@@ -1,11 +1,9 @@
 //! Reference checkpoints (Black Forest Labs' and diffusers' layouts) ⇄ native names, for any
 //! architecture that declares its layouts ([`ModelSpec::external_source`]).
 //!
-//! [`table`] holds FLUX.1's key table; this module resolves FLUX.1's per parameter and moves
-//! tensors of any model in both directions. Loading is strict: every native parameter must be
+//! Each architecture says where its parameters live (`flux/layouts.rs`, `flux2/layouts.rs`);
+//! this module moves tensors of any model in both directions. Loading is strict: every native parameter must be
 //! found with its exact shape and every external tensor must be used.
-
-pub mod table;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -13,8 +11,18 @@ use std::path::Path;
 use tch::Tensor;
 
 use crate::tp::{ParamSpec, ShardedStore};
-use crate::{FluxConfig, ModelSpec};
-use table::{Combine, Row, JOINT, SINGLE, TOP};
+use crate::ModelSpec;
+
+/// How a native tensor is assembled from diffusers tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// One diffusers tensor, unchanged.
+    Same,
+    /// Rows of several diffusers tensors stacked along dim 0 (fused `[q; k; v]` or `[q; k; v; mlp]`).
+    Stack,
+    /// The two row halves swapped (diffusers' `norm_out` is `[scale; shift]`, native `[shift; scale]`).
+    SwapHalves,
+}
 
 /// A public key layout of transformer weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,62 +132,6 @@ pub enum LoadError {
     /// Tensors in the file that no native parameter uses (a config mismatch, e.g. guidance).
     #[error("{} tensor(s) in the checkpoint are not used by this config, e.g. `{}`", .0.len(), .0[0])]
     Unused(Vec<String>),
-}
-
-/// The table section for a native module path, its path within the block, and the block prefixes
-/// in BFL and diffusers (empty outside the layer stack).
-fn locate<'a>(module: &'a str, config: &FluxConfig) -> (&'static [Row], &'a str, String, String) {
-    let block = module.strip_prefix("transformer.layers.").and_then(|rest| {
-        let (index, local) = rest.split_once('.')?;
-        Some((index.parse::<usize>().ok()?, local))
-    });
-    match block {
-        Some((i, local)) if i < config.num_joint_layers => (
-            JOINT,
-            local,
-            format!("double_blocks.{i}."),
-            format!("transformer_blocks.{i}."),
-        ),
-        Some((i, local)) => {
-            let j = i - config.num_joint_layers;
-            (
-                SINGLE,
-                local,
-                format!("single_blocks.{j}."),
-                format!("single_transformer_blocks.{j}."),
-            )
-        }
-        None => (TOP, module, String::new(), String::new()),
-    }
-}
-
-/// Where native parameter `native` (e.g. `transformer.layers.3.linear_qkv_fc1.weight`) lives in
-/// `layout`, for a model of `config`.
-pub fn source(native: &str, layout: Layout, config: &FluxConfig) -> Option<Source> {
-    let (module, leaf) = native.rsplit_once('.')?;
-    let (rows, local, bfl_prefix, diffusers_prefix) = locate(module, config);
-    let row = rows.iter().find(|r| r.native == local)?;
-    Some(match layout {
-        Layout::Bfl => {
-            let leaf = if row.native.ends_with("layernorm") && leaf == "weight" {
-                "scale"
-            } else {
-                leaf
-            };
-            Source {
-                keys: vec![format!("{bfl_prefix}{}.{leaf}", row.bfl)],
-                combine: Combine::Same,
-            }
-        }
-        Layout::Diffusers => Source {
-            keys: row
-                .diffusers
-                .iter()
-                .map(|m| format!("{diffusers_prefix}{m}.{leaf}"))
-                .collect(),
-            combine: row.combine,
-        },
-    })
 }
 
 /// Read every tensor of a safetensors file.

@@ -6,24 +6,46 @@ use tch::Tensor;
 use crate::activations::Width;
 use crate::activations::{diffusion_io, modulated_stream, Activations, LayerActivations, Saved};
 use crate::architecture::{
-    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
+    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
-use crate::tp::check_tp_size;
-use crate::ConfigError;
+use crate::{ConfigError, Widths};
 
-impl ModelConfig for DitConfig {
+impl Registered for DitConfig {
     type Root = DitTransformer;
     const NAME: &'static str = "dit";
     const ABOUT: &'static str = "DiT with adaLN-Zero blocks, conditioned on a pooled vector";
 
+    /// `configs/dit_tiny.toml`'s model.
+    fn tiny() -> Self {
+        DitConfig {
+            depth: 4,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            mlp_ratio: 4.0,
+            in_channels: 4,
+            patch_size: 2,
+            cond_dim: 16,
+            frequency_embedding_size: 32,
+            ..DitConfig::default()
+        }
+    }
+}
+
+impl ModelConfig for DitConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         DitConfig::validate(self)
     }
 
-    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
-        check_tp_size(self.num_attention_heads, self.widths().mlp_hidden(), tp)
+    fn widths(&self) -> Widths {
+        Widths {
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            mlp_ratio: self.mlp_ratio,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+        }
     }
 
     /// Modulation and residuals act on slices of the image tokens (DiT has no dropout).

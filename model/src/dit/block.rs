@@ -8,6 +8,7 @@ use crate::attention::{attention, Qkv};
 use crate::dit::DitConfig;
 use crate::layers::{adaln, Mlp, MlpDims};
 use crate::tp::Linear;
+use crate::ModelConfig;
 
 /// One DiT block: `blocks.{i}`.
 #[diffusion_block(config = DitConfig)]

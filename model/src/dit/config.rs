@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::widths::{positive_width, MAX_LAYERS};
-use crate::{ConfigError, Widths};
+use crate::{ConfigError, ModelConfig};
 
 /// Hyper-parameters of a DiT with vector conditioning. Defaults are DiT-XL/2's shape (28 blocks,
 /// hidden 1152, 16 heads, patch 2 over 4 latent channels) conditioned on a CLIP-L pooled vector.
@@ -48,17 +48,6 @@ impl Default for DitConfig {
 }
 
 impl DitConfig {
-    /// Width, heads, MLP ratio, latent channels and patch side.
-    pub fn widths(&self) -> Widths {
-        Widths {
-            hidden_size: self.hidden_size,
-            num_attention_heads: self.num_attention_heads,
-            mlp_ratio: self.mlp_ratio,
-            in_channels: self.in_channels,
-            patch_size: self.patch_size,
-        }
-    }
-
     /// Check the shape rules; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         ConfigError::check((1..=MAX_LAYERS).contains(&self.depth), "depth", || {

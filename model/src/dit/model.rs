@@ -11,6 +11,7 @@ use crate::execution::Layers;
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::tp::Linear;
+use crate::ModelConfig;
 
 /// DiT's module tree (`x_embedder`, `t_embedder`, `y_embedder`, `blocks.{i}`, `final_layer`).
 #[diffusion_block(config = DitConfig)]

@@ -4,25 +4,54 @@
 use tch::Tensor;
 
 use crate::activations::Activations;
-use crate::architecture::{DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock};
-use crate::convert::{self, Layout, Source};
+use crate::architecture::{
+    DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
+};
+use crate::convert::{Layout, Source};
 use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
-use crate::flux::{activations, flops};
-use crate::tp::check_tp_size;
-use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer};
+use crate::flux::{activations, flops, layouts};
+use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer, Widths};
 
-impl ModelConfig for FluxConfig {
+impl Registered for FluxConfig {
     type Root = FluxTransformer;
     const NAME: &'static str = "flux";
     const ABOUT: &'static str = "FLUX.1 MMDiT, joint and single layers";
 
+    /// `configs/flux_tiny.toml`'s model.
+    fn tiny() -> Self {
+        FluxConfig {
+            num_joint_layers: 2,
+            num_single_layers: 2,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            in_channels: 16,
+            patch_size: 1,
+            context_dim: 32,
+            vec_in_dim: 16,
+            model_channels: 32,
+            mlp_ratio: 4.0,
+            guidance_embed: true,
+            theta: 10000.0,
+            axes_dim: vec![4, 6, 6],
+            ..FluxConfig::default()
+        }
+    }
+}
+
+impl ModelConfig for FluxConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         FluxConfig::validate(self)
     }
 
-    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
-        check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
+    fn widths(&self) -> Widths {
+        Widths {
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            mlp_ratio: self.mlp_ratio,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+        }
     }
 
     /// Norms, modulation and residuals act on slices of the sequence; not with hidden dropout,
@@ -72,7 +101,7 @@ impl ModelConfig for FluxConfig {
     }
 
     fn external_source(&self, native: &str, layout: Layout) -> Option<Source> {
-        convert::source(native, layout, self)
+        layouts::source(native, layout, self)
     }
 
     /// Fails for configs diffusers' `FluxTransformer2DModel` cannot express.

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::tp::ParamSpec;
 use crate::widths::{positive_width, MAX_LAYERS};
-use crate::Widths;
+use crate::ModelConfig;
 use crate::{Block, ConfigError, FluxTransformer};
 
 /// Hyper-parameters of a Flux model (the `[model]` table of a run config).
@@ -96,17 +96,6 @@ impl FluxConfig {
     /// FLUX.1 [dev]/[schnell] shape: 19 joint + 38 single layers, about 11.9 B parameters.
     pub fn flux_12b() -> Self {
         Self::default()
-    }
-
-    /// The widths shared with other transformer configs.
-    pub fn widths(&self) -> Widths {
-        Widths {
-            hidden_size: self.hidden_size,
-            num_attention_heads: self.num_attention_heads,
-            mlp_ratio: self.mlp_ratio,
-            in_channels: self.in_channels,
-            patch_size: self.patch_size,
-        }
     }
 
     /// Head width `D / H`.

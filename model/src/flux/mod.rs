@@ -3,9 +3,11 @@
 
 pub mod activations;
 mod architecture;
+pub mod blocks;
 mod config;
 pub mod flops;
 mod input;
+mod layouts;
 mod model;
 
 pub use config::FluxConfig;

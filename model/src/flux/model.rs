@@ -4,9 +4,9 @@ use flux_macros::diffusion_block;
 use tch::{Device, Kind, Tensor};
 
 use crate::architecture::{check_sequence_split, Built};
-use crate::blocks::{DoubleBlock, SingleBlock};
 use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
 use crate::execution::Layers;
+use crate::flux::blocks::{DoubleBlock, SingleBlock};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::tp::{Linear, TpContext};

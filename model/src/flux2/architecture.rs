@@ -7,25 +7,51 @@ use crate::activations::{
     diffusion_io, joint_layer, single_stream_layer, Activations, Saved, Width,
 };
 use crate::architecture::{
-    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, RootBlock,
+    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
 use crate::flux2::{layouts, Flux2Config, Flux2Transformer};
-use crate::tp::check_tp_size;
-use crate::ConfigError;
+use crate::{ConfigError, Widths};
 
-impl ModelConfig for Flux2Config {
+impl Registered for Flux2Config {
     type Root = Flux2Transformer;
     const NAME: &'static str = "flux2";
     const ABOUT: &'static str = "FLUX.2 MMDiT: shared modulation, SwiGLU, 4-axis RoPE, no biases";
 
+    /// `configs/flux2_tiny.toml`'s model.
+    fn tiny() -> Self {
+        Flux2Config {
+            num_layers: 2,
+            num_single_layers: 2,
+            num_attention_heads: 4,
+            attention_head_dim: 16,
+            in_channels: 16,
+            patch_size: 1,
+            joint_attention_dim: 32,
+            timestep_guidance_channels: 32,
+            mlp_ratio: 3.0,
+            axes_dims_rope: vec![4, 4, 4, 4],
+            rope_theta: 2000.0,
+            guidance_embeds: true,
+            ..Flux2Config::default()
+        }
+    }
+}
+
+impl ModelConfig for Flux2Config {
     fn validate(&self) -> Result<(), ConfigError> {
         Flux2Config::validate(self)
     }
 
-    fn check_tp_size(&self, tp: usize) -> Result<(), ConfigError> {
-        check_tp_size(self.num_attention_heads, self.mlp_hidden(), tp)
+    fn widths(&self) -> Widths {
+        Widths {
+            hidden_size: self.hidden_size(),
+            num_attention_heads: self.num_attention_heads,
+            mlp_ratio: self.mlp_ratio,
+            in_channels: self.in_channels,
+            patch_size: self.patch_size,
+        }
     }
 
     /// Modulation and residuals act on slices of the sequence (FLUX.2 has no dropout).

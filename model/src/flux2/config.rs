@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::widths::{positive_width, MAX_LAYERS};
-use crate::{ConfigError, Widths};
+use crate::{ConfigError, ModelConfig};
 
 /// Hyper-parameters of FLUX.2 (the `[model]` table with `architecture = "flux2"`). Defaults are
 /// FLUX.2 [dev]'s: 8 double + 48 single blocks, 48 heads × 128, SwiGLU MLPs of ratio 3, 128
@@ -73,17 +73,6 @@ impl Flux2Config {
     /// SwiGLU hidden width `M = mlp_ratio · D` (each of its gate and value halves).
     pub fn mlp_hidden(&self) -> i64 {
         self.widths().mlp_hidden()
-    }
-
-    /// The widths shared with other transformer configs.
-    pub fn widths(&self) -> Widths {
-        Widths {
-            hidden_size: self.hidden_size(),
-            num_attention_heads: self.num_attention_heads,
-            mlp_ratio: self.mlp_ratio,
-            in_channels: self.in_channels,
-            patch_size: self.patch_size,
-        }
     }
 
     /// Features per token entering the model: `C · p²`.

@@ -7,8 +7,7 @@
 //! `qkv`, RMSNorm scales as `scale`, and the output modulation as `[shift; scale]` where diffusers
 //! and native hold `[scale; shift]`.
 
-use crate::convert::table::Combine;
-use crate::convert::{Layout, Source};
+use crate::convert::{Combine, Layout, Source};
 
 /// Modules outside the blocks: (native, BFL).
 const TOP: &[(&str, &str)] = &[

@@ -4,8 +4,8 @@ use flux_macros::diffusion_block;
 use tch::Tensor;
 
 use crate::attention::{attention, Qkv};
-use crate::blocks::BlockOptions;
 use crate::embeddings::Rope;
+use crate::flux::blocks::BlockOptions;
 use crate::layers::{adaln, dropout, Mlp, MlpDims};
 use crate::tp::{Linear, RmsNorm};
 use crate::FluxConfig;

@@ -1,30 +1,22 @@
-//! The key table between native names and the FLUX.1 reference layouts (BFL and diffusers).
-//!
-//! One row per module; the parameter leaf (`weight`, `bias`) is appended to every column. BFL
-//! stores RMSNorm scales as `scale` where native and diffusers say `weight`.
+//! Where FLUX.1's native parameters live in the reference layouts (BFL and diffusers): the key
+//! table, one row per module (the parameter leaf, `weight` or `bias`, appended to every column;
+//! BFL stores RMSNorm scales as `scale` where native and diffusers say `weight`), and the lookup
+//! of one parameter.
 
-/// How a native tensor is assembled from diffusers tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Combine {
-    /// One diffusers tensor, unchanged.
-    Same,
-    /// Rows of several diffusers tensors stacked along dim 0 (fused `[q; k; v]` or `[q; k; v; mlp]`).
-    Stack,
-    /// The two row halves swapped (diffusers' `norm_out` is `[scale; shift]`, native `[shift; scale]`).
-    SwapHalves,
-}
+use crate::convert::{Combine, Layout, Source};
+use crate::FluxConfig;
 
 /// One module's names in the three layouts.
 #[derive(Debug, Clone, Copy)]
-pub struct Row {
+struct Row {
     /// Native module path (below the block prefix for block rows).
-    pub native: &'static str,
+    native: &'static str,
     /// BFL module path.
-    pub bfl: &'static str,
+    bfl: &'static str,
     /// diffusers module path(s), in stacking order.
-    pub diffusers: &'static [&'static str],
+    diffusers: &'static [&'static str],
     /// How the diffusers tensors become the native one.
-    pub combine: Combine,
+    combine: Combine,
 }
 
 const fn row(
@@ -44,7 +36,7 @@ const fn row(
 use Combine::{Same, Stack, SwapHalves};
 
 /// Modules outside the layer stack. Native prefix `""`, BFL `""`, diffusers `""`.
-pub const TOP: &[Row] = &[
+const TOP: &[Row] = &[
     row("x_embedder", "img_in", &["x_embedder"], Same),
     row("context_embedder", "txt_in", &["context_embedder"], Same),
     row(
@@ -94,7 +86,7 @@ pub const TOP: &[Row] = &[
 
 /// Joint layers. Native `transformer.layers.{i}.`, BFL `double_blocks.{i}.`,
 /// diffusers `transformer_blocks.{i}.`.
-pub const JOINT: &[Row] = &[
+const JOINT: &[Row] = &[
     row("adaln.linear", "img_mod.lin", &["norm1.linear"], Same),
     row(
         "adaln_context.linear",
@@ -168,7 +160,7 @@ pub const JOINT: &[Row] = &[
 
 /// Single layers. Native `transformer.layers.{J + j}.`, BFL `single_blocks.{j}.`,
 /// diffusers `single_transformer_blocks.{j}.`.
-pub const SINGLE: &[Row] = &[
+const SINGLE: &[Row] = &[
     row("adaln.linear", "modulation.lin", &["norm.linear"], Same),
     row(
         "linear_qkv_fc1",
@@ -190,3 +182,59 @@ pub const SINGLE: &[Row] = &[
         Same,
     ),
 ];
+
+/// The table section for a native module path, its path within the block, and the block prefixes
+/// in BFL and diffusers (empty outside the layer stack).
+fn locate<'a>(module: &'a str, config: &FluxConfig) -> (&'static [Row], &'a str, String, String) {
+    let block = module.strip_prefix("transformer.layers.").and_then(|rest| {
+        let (index, local) = rest.split_once('.')?;
+        Some((index.parse::<usize>().ok()?, local))
+    });
+    match block {
+        Some((i, local)) if i < config.num_joint_layers => (
+            JOINT,
+            local,
+            format!("double_blocks.{i}."),
+            format!("transformer_blocks.{i}."),
+        ),
+        Some((i, local)) => {
+            let j = i - config.num_joint_layers;
+            (
+                SINGLE,
+                local,
+                format!("single_blocks.{j}."),
+                format!("single_transformer_blocks.{j}."),
+            )
+        }
+        None => (TOP, module, String::new(), String::new()),
+    }
+}
+
+/// Where native parameter `native` (e.g. `transformer.layers.3.linear_qkv_fc1.weight`) lives in
+/// `layout`, for a model of `config`.
+pub fn source(native: &str, layout: Layout, config: &FluxConfig) -> Option<Source> {
+    let (module, leaf) = native.rsplit_once('.')?;
+    let (rows, local, bfl_prefix, diffusers_prefix) = locate(module, config);
+    let row = rows.iter().find(|r| r.native == local)?;
+    Some(match layout {
+        Layout::Bfl => {
+            let leaf = if row.native.ends_with("layernorm") && leaf == "weight" {
+                "scale"
+            } else {
+                leaf
+            };
+            Source {
+                keys: vec![format!("{bfl_prefix}{}.{leaf}", row.bfl)],
+                combine: Combine::Same,
+            }
+        }
+        Layout::Diffusers => Source {
+            keys: row
+                .diffusers
+                .iter()
+                .map(|m| format!("{diffusers_prefix}{m}.{leaf}"))
+                .collect(),
+            combine: row.combine,
+        },
+    })
+}
