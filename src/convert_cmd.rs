@@ -9,8 +9,9 @@ use flux_data::checkpoint::{self, Reader};
 use flux_data::convert::{convert, Format};
 use flux_data::dataset::StorageDtype;
 use flux_model::convert::Layout;
-use flux_train::metrics::peak_rss_mib;
-use flux_train::{units, RunConfig};
+use flux_train::logging::metrics::peak_rss_mib;
+use flux_train::logging::units;
+use flux_train::RunConfig;
 
 /// A checkpoint format on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

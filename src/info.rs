@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::Args;
-use flux_train::{units, RunConfig};
+use flux_train::logging::units;
+use flux_train::RunConfig;
 
 use crate::ConfigArgs;
 

@@ -4,10 +4,10 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use flux_model::activations::Kernels;
+use flux_train::logging::units::gib;
 use flux_train::memory_plan::{
     candidate_layouts, largest_micro_batch, predict, Layout, RankMemory,
 };
-use flux_train::units::gib;
 use flux_train::{RunConfig, Sharding};
 use serde_json::json;
 

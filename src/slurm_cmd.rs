@@ -11,8 +11,8 @@ use clap::Args;
 use flux_cluster::slurm::{self, render, JobSpec};
 use flux_data::checkpoint;
 use flux_model::activations::Kernels;
+use flux_train::logging::units;
 use flux_train::memory_plan::{predict, Layout};
-use flux_train::units;
 use flux_train::RunConfig;
 use serde::{Deserialize, Serialize};
 

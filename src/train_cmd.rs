@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use flux_cluster::StopSignals;
-use flux_train::metrics::StepRecord;
+use flux_train::logging::metrics::StepRecord;
 use flux_train::{Launch, Outcome, Progress, RunConfig, RunOptions, TrainingRun};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 

@@ -25,9 +25,9 @@ use flux_model::execution::residency::{HEAD, STEM};
 use flux_model::tp::ParamSpec;
 use flux_model::ConfigError;
 
-use crate::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
-use crate::run_config::{RunConfig, Sharding};
-use crate::shard_layout::{Bucket, ParamOrder, ShardLayout};
+use crate::config::run_config::{RunConfig, Sharding};
+use crate::optimizer::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
+use crate::parallel::shard_layout::{Bucket, ParamOrder, ShardLayout};
 
 /// One way to lay a run out over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,12 +2,14 @@
 //! against diffusers' scheduler tables (tests/fixtures/make_scheduler_fixtures.py).
 
 use approx::assert_abs_diff_eq;
-use flux_train::loss::{compute_diffusion_loss, compute_flow_matching_loss, Prediction, Reduction};
-use flux_train::noise::{apply_ddpm_noise, apply_flow_matching_noise};
-use flux_train::optim::{learning_rate, AdamW};
+use flux_train::optimizer::optim::{learning_rate, AdamW};
 use flux_train::sampling::guided_velocity;
 use flux_train::scheduler::{integrate, DynamicShift, FlowMatchEulerDiscreteScheduler};
-use flux_train::timesteps::TimestepSampler;
+use flux_train::step::loss::{
+    compute_diffusion_loss, compute_flow_matching_loss, Prediction, Reduction,
+};
+use flux_train::step::noise::{apply_ddpm_noise, apply_flow_matching_noise};
+use flux_train::step::timesteps::TimestepSampler;
 use flux_train::{LrSchedule, OptimizationConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -7,7 +7,7 @@ use std::os::raw::c_char;
 use tch::Tensor;
 use torch_sys::C_tensor;
 
-use crate::sections::OptimizationConfig;
+use crate::config::sections::OptimizationConfig;
 
 extern "C" {
     fn flux_fused_adamw(

@@ -8,7 +8,7 @@ use flux_model::tp::ShardedStore;
 use flux_model::ConfigError;
 use tch::Tensor;
 
-use crate::resume::stored_architecture;
+use crate::run::resume::stored_architecture;
 
 /// Load the weights of native checkpoint `path` (a `step_*/` directory, or a run directory whose
 /// `latest` is used) into `store`, a model of `architecture`; each rank keeps its shard. Fails,

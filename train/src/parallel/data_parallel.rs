@@ -7,11 +7,11 @@ use flux_data::checkpoint::OptimizerState;
 use flux_model::tp::{all_reduce_grads, Collective, DpGroups, GradSync, ShardedStore};
 use tch::Tensor;
 
-use crate::grad_hooks::OverlapReport;
-use crate::optim::{clip_grad_norm, named_params, AdamW};
-use crate::overlapped_reduce::OverlappedReduce;
-use crate::run_config::{ParallelismConfig, Sharding};
-use crate::sections::OptimizationConfig;
+use crate::config::run_config::{ParallelismConfig, Sharding};
+use crate::config::sections::OptimizationConfig;
+use crate::optimizer::optim::{clip_grad_norm, named_params, AdamW};
+use crate::parallel::grad_hooks::OverlapReport;
+use crate::parallel::overlapped_reduce::OverlappedReduce;
 use crate::ShardedAdamW;
 
 /// The optimizer as a training step uses it.

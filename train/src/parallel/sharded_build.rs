@@ -12,8 +12,8 @@ use flux_model::execution::residency::release_storage;
 use flux_model::tp::ParamSpec;
 use tch::{Device, Kind, Tensor};
 
-use crate::run_config::Sharding;
-use crate::shard_layout::{ParamOrder, Segment};
+use crate::config::run_config::Sharding;
+use crate::parallel::shard_layout::{ParamOrder, Segment};
 
 /// The masters of a fully sharded model being built, filled as its weights are created.
 pub(crate) struct ShardedBuild {

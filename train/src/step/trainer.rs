@@ -14,23 +14,23 @@ use flux_model::tp::{creation, staging, Collective, DpGroups, ShardedStore, TpCo
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
-use crate::adapter_file::read_adapter_file;
-use crate::base_weights::load_base;
-use crate::data_parallel::{dp_optimizer, DpOptimizer};
-use crate::data_source::{DataSource, DrawSettings};
-use crate::ema::Ema;
-use crate::grad_hooks::OverlapReport;
-use crate::loss::compute_diffusion_loss;
-use crate::metrics::peak_rss_mib;
-use crate::optim::learning_rate;
-use crate::resume::check_architecture;
-use crate::run_config::Sharding;
+use crate::config::run_config::Sharding;
+use crate::config::sections::{NonFinitePolicy, Precision};
+use crate::feed::data_source::{DataSource, DrawSettings};
+use crate::feed::step_data::{step_data, NoiseLevels, StepData};
+use crate::logging::metrics::peak_rss_mib;
+use crate::logging::units::bytes_of;
+use crate::lora::adapter_file::read_adapter_file;
+use crate::lora::base_weights::load_base;
+use crate::optimizer::ema::Ema;
+use crate::optimizer::optim::learning_rate;
+use crate::parallel::data_parallel::{dp_optimizer, DpOptimizer};
+use crate::parallel::grad_hooks::OverlapReport;
+use crate::parallel::sharded_build::ShardedBuild;
+use crate::run::resume::check_architecture;
 use crate::sampling::{generate, Conditioning, OdeSettings};
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
-use crate::sections::{NonFinitePolicy, Precision};
-use crate::sharded_build::ShardedBuild;
-use crate::step_data::{step_data, NoiseLevels, StepData};
-use crate::units::bytes_of;
+use crate::step::loss::compute_diffusion_loss;
 use crate::{RunConfig, EVAL_BASE};
 
 /// What one optimizer step measured.
@@ -696,6 +696,6 @@ impl<'a> Trainer<'a> {
     pub fn peak_tensor_mib(&self) -> Option<f64> {
         tensor_memory::tensor_bytes(self.device)
             .ok()
-            .map(|b| crate::units::mib(b.peak))
+            .map(|b| crate::logging::units::mib(b.peak))
     }
 }

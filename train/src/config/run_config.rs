@@ -23,8 +23,8 @@ use flux_cluster::{Backend, GroupSizes, LayoutError, Transport};
 use flux_model::{ConfigError, ModelSpec};
 use tch::Device;
 
-use crate::monitoring::{LoggingConfig, SamplingConfig};
-use crate::sections::{
+use crate::config::monitoring::{LoggingConfig, SamplingConfig};
+use crate::config::sections::{
     CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, TrainingConfig,
 };
 use serde::{Deserialize, Serialize};

@@ -14,10 +14,11 @@ use flux_model::activations::Kernels;
 use flux_model::ConfigError;
 use tch::Device;
 
+use crate::logging::metrics::{plot_loss_curve, StepRecord};
+use crate::logging::units;
 use crate::memory_plan::{predict, Layout};
-use crate::metrics::{plot_loss_curve, StepRecord};
 use crate::{
-    starting_checkpoint, units, Cadence, CheckpointFormat, Launch, LogError, RunConfig, RunDir,
+    starting_checkpoint, Cadence, CheckpointFormat, Launch, LogError, RunConfig, RunDir,
     RunDirError, RunLog, SampleGrid, StartPolicy, StepError, StepStats, Trainer,
 };
 

@@ -9,7 +9,7 @@
 //! `#[layers]` field ([`flux_model::execution::Layers`]), or a model's stem or head, the layer's
 //! buckets are all-gathered from the masters into its weights, and after its forward pass their memory is given back; when backward
 //! reaches the layer they are gathered again, and given back as soon as their gradients are
-//! reduce-scattered ([`crate::sharded_grads::GradShard`]). While a layer runs, the gathers of
+//! reduce-scattered ([`crate::parallel::sharded_grads::GradShard`]). While a layer runs, the gathers of
 //! the next one (in the order of the forward pass, reversed in backward) are already in flight
 //! (non-blocking all-gathers), so at most two layers' weights are whole at a time. A layer's
 //! weights are managed this way from the first time a model runs it; a layer a model never
@@ -24,7 +24,7 @@ use flux_model::execution::residency::{
 use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
-use crate::shard_layout::{gather_share, local_share, ShardLayout};
+use crate::parallel::shard_layout::{gather_share, local_share, ShardLayout};
 
 /// Which weights are present, and the means to gather them.
 pub(crate) struct ShardedParams<'a> {

@@ -6,9 +6,9 @@ use flux_data::{KeyedRng, LatentSamples};
 use flux_model::{per_sample, DiffusionBatch, InputSpec};
 use tch::{Device, Kind, Tensor};
 
-use crate::noise::apply_flow_matching_noise;
 use crate::scheduler::{DynamicShift, FlowMatchEulerDiscreteScheduler};
-use crate::timesteps::TimestepSampler;
+use crate::step::noise::apply_flow_matching_noise;
+use crate::step::timesteps::TimestepSampler;
 
 /// Random streams of one sample.
 const NOISE_STREAM: u64 = 2;

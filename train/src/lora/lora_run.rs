@@ -9,8 +9,8 @@ use flux_model::tp::TpContext;
 use flux_model::DiffusionModel;
 use tch::{Device, Tensor};
 
-use crate::base_weights::load_base;
-use crate::resume::check_architecture;
+use crate::lora::base_weights::load_base;
+use crate::run::resume::check_architecture;
 use crate::RunConfig;
 
 /// The layouts adapters are exported in.

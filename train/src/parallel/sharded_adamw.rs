@@ -25,18 +25,18 @@ use flux_model::execution::residency::{install, Installation};
 use flux_model::tp::{Collective, DpGroups, ShardedStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::data_parallel::{all_finite, nonfinite_param_grads, DpOptimizer};
-use crate::fused_adamw::{fused_adamw, Hyper};
-use crate::grad_hooks::OverlapReport;
-use crate::optim::{clip_coefficient, named_params};
-use crate::run_config::Sharding;
-use crate::sections::OptimizationConfig;
-use crate::shard_layout::{
+use crate::config::run_config::Sharding;
+use crate::config::sections::OptimizationConfig;
+use crate::logging::units::bytes_of;
+use crate::optimizer::fused_adamw::{fused_adamw, Hyper};
+use crate::optimizer::optim::{clip_coefficient, named_params};
+use crate::parallel::data_parallel::{all_finite, nonfinite_param_grads, DpOptimizer};
+use crate::parallel::grad_hooks::OverlapReport;
+use crate::parallel::shard_layout::{
     gather_bucket, reduce_scatter_bucket, sum_over, ParamOrder, Segment, ShardLayout,
 };
-use crate::sharded_grads::GradShard;
-use crate::sharded_params::ShardedParams;
-use crate::units::bytes_of;
+use crate::parallel::sharded_grads::GradShard;
+use crate::parallel::sharded_params::ShardedParams;
 
 /// Borrows of every tensor of `ts`.
 fn refs(ts: &[Tensor]) -> Vec<&Tensor> {

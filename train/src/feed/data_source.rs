@@ -12,8 +12,8 @@ use flux_data::{DataError, LatentSamples, SyntheticLatents, SyntheticShape};
 use flux_model::{ConfigError, InputSpec};
 use tch::{Device, Tensor};
 
-use crate::sections::DataSourceKind;
-use crate::step_data::SampleDraws;
+use crate::config::sections::DataSourceKind;
+use crate::feed::step_data::SampleDraws;
 use crate::RunConfig;
 
 /// Held-out samples are keyed from here, away from any training counter.

@@ -10,7 +10,7 @@ use flux_model::tp::TpContext;
 use flux_model::ModelSpec;
 use tch::{Device, Kind, Tensor};
 
-use crate::base_weights::load_base;
+use crate::lora::base_weights::load_base;
 use crate::RunConfig;
 
 /// The adapters of the safetensors file `path` per native module of a `model` (strict header,

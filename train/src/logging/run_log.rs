@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use image::RgbImage;
 
-use crate::metrics::{MetricsWriter, StepRecord};
-use crate::tensorboard::EventWriter;
+use crate::logging::metrics::{MetricsWriter, StepRecord};
+use crate::logging::tensorboard::EventWriter;
 
 /// The run directory's sub-directory of TensorBoard event files.
 pub const TENSORBOARD_DIR: &str = "tensorboard";

@@ -8,7 +8,7 @@
 use flux_model::tp::{pack, unpack, Collective, Pending};
 use tch::Tensor;
 
-use crate::grad_hooks::{BucketSink, GradHooks, OverlapReport};
+use crate::parallel::grad_hooks::{BucketSink, GradHooks, OverlapReport};
 
 /// The parameters whose gradients are summed during backward, and the hooks on them.
 pub struct OverlappedReduce<'a> {

@@ -8,8 +8,8 @@ use flux_model::lora::LoraSettings;
 use flux_model::ConfigError;
 use serde::{Deserialize, Serialize};
 
-use crate::loss::{Prediction, Reduction};
-use crate::timesteps::TimestepSampler;
+use crate::step::loss::{Prediction, Reduction};
+use crate::step::timesteps::TimestepSampler;
 
 /// Numeric precision of the forward and backward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

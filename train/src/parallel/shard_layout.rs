@@ -12,7 +12,7 @@ use flux_model::execution::residency::units;
 use flux_model::tp::{Collective, GradSync, ParamSpec};
 use tch::{Device, Kind, Tensor};
 
-use crate::run_config::Sharding;
+use crate::config::run_config::Sharding;
 
 /// The part of one parameter in this rank's share of its bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,8 +5,8 @@ use flux_data::checkpoint::OptimizerState;
 use flux_model::tp::{ParamSpec, ShardedStore};
 use tch::{Kind, Tensor};
 
-use crate::fused_adamw::{fused_adamw, Hyper};
-use crate::sections::{LrSchedule, OptimizationConfig};
+use crate::config::sections::{LrSchedule, OptimizationConfig};
+use crate::optimizer::fused_adamw::{fused_adamw, Hyper};
 
 /// Learning rate at `step` (0-based): linear warmup over `warmup_steps`, then constant or cosine
 /// decay from `learning_rate` to `min_learning_rate` at `total_steps`.
@@ -102,7 +102,7 @@ impl AdamW {
             .iter()
             .filter(|s| s.param.kind() != Kind::Float)
             .map(|s| &s.master);
-        crate::units::bytes_of(
+        crate::logging::units::bytes_of(
             separate.chain(self.slots.iter().flat_map(|s| [&s.exp_avg, &s.exp_avg_sq])),
         )
     }

@@ -20,11 +20,11 @@ use tch::{Kind, Tensor};
 
 use std::rc::Rc;
 
-use crate::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
-use crate::shard_layout::{
+use crate::parallel::grad_hooks::{free_grad, BucketSink, GradHooks, OverlapReport};
+use crate::parallel::shard_layout::{
     flat_bucket_grads, reduce_scatter_bucket, sum_over, Bucket, ShardLayout,
 };
-use crate::sharded_params::ShardedParams;
+use crate::parallel::sharded_params::ShardedParams;
 
 /// This rank's share of the summed gradients, and the hooks that fill it during backward.
 pub(crate) struct GradShard<'a> {
