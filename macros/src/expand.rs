@@ -247,9 +247,9 @@ fn field_code(field: &BlockField) -> Result<(TokenStream, TokenStream)> {
 }
 
 /// Expand `#[diffusion_block(config = C)] struct S { .. }`: parse every field, run the
-/// cross-field checks, generate the `Block` impl. On any error the struct is still emitted
-/// (without the macro's attributes) next to every error found, so one mistake does not cascade
-/// into errors wherever the struct is used.
+/// cross-field checks on the fields that parsed, generate the `Block` impl. On any error the
+/// struct is still emitted (without the macro's attributes) with a dummy `Block` impl next to
+/// every error found, so one mistake does not cascade into errors wherever the struct is used.
 pub fn expand(args: Result<BlockArgs>, mut item: ItemStruct) -> TokenStream {
     let mut errors = Errors::default();
     if let Err(e) = &args {

@@ -30,8 +30,10 @@
 //! The block must also have a `forward` method; the macro checks that it exists.
 //!
 //! The macro implements `flux_model::Block` (generics included). It parses every field, then
-//! runs the cross-field checks (`checks`), then generates (`expand`); on errors it reports all of
-//! them at their spans and still emits the struct, so uses of it do not cascade into more errors.
+//! runs the cross-field checks (`checks`) on the fields that parsed, then generates (`expand`);
+//! on errors it reports all of them at their spans (every bad key of an attribute, not only the
+//! first) and still emits the struct with a `Block` impl that is never run, so uses of it — a
+//! parent block holding it included — do not cascade into more errors.
 
 mod attrs;
 mod checks;
