@@ -106,9 +106,10 @@ impl<B: 'static> Layers<B> {
         } else if residency::installed() {
             residency::on_backward(STEM, &read.iter().collect::<Vec<_>>());
         }
+        // The entering streams go as they are split: nothing holds them past the first block.
         let mut x: Vec<Tensor> = entering
-            .iter()
-            .map(|t| self.tp.scatter_sequence(t))
+            .into_iter()
+            .map(|t| self.tp.scatter_sequence(&t))
             .collect();
         let n_streams = x.len();
         let f = Rc::new(f);
