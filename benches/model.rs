@@ -11,7 +11,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use flux_model::attention::{attention, Qkv};
 use flux_model::embeddings::{token_grid_ids, EmbedNd, Rope};
-use flux_model::{Flux, FluxBatch, FluxConfig};
+use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig, ModelConfig};
 use tch::{Device, Kind, Tensor};
 
 const BATCH: i64 = 2;
@@ -133,14 +133,15 @@ fn whole_model(c: &mut Criterion) {
     for size in &SIZES[..2] {
         let config = config(size);
         let model = Flux::new(&config, Device::Cpu).unwrap();
-        let batch = FluxBatch::random(&config, BATCH, size.grid, size.grid, size.text, Device::Cpu);
-        let input = batch.as_input();
+        let (inputs, p) = (config.inputs(), config.patch_size);
+        let (side, text) = (size.grid * p, size.text);
+        let batch = DiffusionBatch::random(&inputs, BATCH, side, side, text, Device::Cpu);
         group.bench_function(BenchmarkId::new("forward", size.name), |b| {
-            b.iter(|| tch::no_grad(|| model.forward(&input).unwrap()))
+            b.iter(|| tch::no_grad(|| model.forward(&batch, false).unwrap()))
         });
         group.bench_function(BenchmarkId::new("forward_backward", size.name), |b| {
             b.iter(|| {
-                let out = model.forward_t(&input, true).unwrap();
+                let out = model.forward(&batch, true).unwrap();
                 out.square().mean(Kind::Float).backward();
                 model.store.vs.trainable_variables().iter().for_each(|v| {
                     let mut g = v.grad();

@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use flux_cluster::Placement;
-use flux_model::{Flux, FluxBatch, FluxConfig};
+use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig, ModelConfig};
 use flux_train::RunConfig;
 
 use crate::info::group_digits;
@@ -62,8 +62,16 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let model = Flux::new(config, device)?;
     let build_s = build.elapsed().as_secs_f64();
     let (rows, cols) = args.resolution.tokens();
-    let batch = FluxBatch::random(config, args.batch, rows, cols, args.text_len, device);
-    let input = batch.as_input();
+    let p = config.patch_size;
+    let inputs = config.inputs();
+    let batch = DiffusionBatch::random(
+        &inputs,
+        args.batch,
+        rows * p,
+        cols * p,
+        args.text_len,
+        device,
+    );
 
     println!(
         "device            {device:?} ({} threads)",
@@ -80,23 +88,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     println!(
         "img               {:?}  ({} image → {rows}×{cols} tokens)",
-        batch.img.size(),
+        batch.latents.size(),
         args.resolution
     );
-    println!("txt               {:?}", batch.txt.size());
-    println!("y                 {:?}", batch.y.size());
+    let size = |t: &Option<tch::Tensor>| t.as_ref().map(tch::Tensor::size).unwrap_or_default();
+    println!("txt               {:?}", size(&batch.text));
+    println!("y                 {:?}", size(&batch.pooled));
     println!("timesteps         {:?}", batch.timesteps.size());
-    println!(
-        "img_ids / txt_ids {:?} / {:?}",
-        batch.img_ids.size(),
-        batch.txt_ids.size()
-    );
 
     let mut times = Vec::with_capacity(args.repeats);
     let mut out = None;
     for i in 0..=args.repeats {
         let start = Instant::now();
-        let y = tch::no_grad(|| model.forward(&input))?;
+        let y = tch::no_grad(|| model.forward(&batch, false))?;
         synchronize(device);
         let seconds = start.elapsed().as_secs_f64();
         tracing::debug!(pass = i, seconds, "forward");

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use common::{flux_hpc, ok, python, records, temp_dir, train};
 use flux_data::checkpoint;
-use flux_model::{Flux, FluxConfig, FluxInput};
+use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig};
 use flux_train::RunConfig;
 use tch::{Device, Tensor};
 
@@ -51,16 +51,16 @@ fn native_weights_exported_to_diffusers_give_the_same_forward_in_diffusers() {
         .unwrap()
         .into_iter()
         .collect();
-    let input = FluxInput {
-        img: &io["img"],
-        txt: &io["txt"],
-        y: &io["y"],
-        timesteps: &io["timesteps"],
-        img_ids: &io["img_ids"],
-        txt_ids: &io["txt_ids"],
-        guidance: io.get("guidance"),
+    // The fixture's positions are FLUX.1's: image tokens (0, row, column), text tokens 0, as
+    // the model derives them.
+    let input = DiffusionBatch {
+        latents: io["img"].shallow_clone(),
+        text: Some(io["txt"].shallow_clone()),
+        pooled: Some(io["y"].shallow_clone()),
+        timesteps: io["timesteps"].shallow_clone(),
+        guidance: io.get("guidance").map(Tensor::shallow_clone),
     };
-    let out = tch::no_grad(|| model.forward(&input)).unwrap();
+    let out = tch::no_grad(|| model.forward(&input, false)).unwrap();
     let err = (&out - &io["out"]).abs().max().double_value(&[]);
     assert!(err <= TOLERANCE, "max abs error {err:e} > {TOLERANCE:e}");
     std::fs::remove_dir_all(dir).unwrap();

@@ -116,7 +116,7 @@ fn sequence_parallel_matches_one_process_for_every_architecture() {
     let out = mpirun(FLUX, 2, 2, &sp[..2]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.matches("model input `txt`").count(), 2, "{stderr}");
+    assert_eq!(stderr.matches("model input `text`").count(), 2, "{stderr}");
     assert!(stderr.contains("got 5 tokens"), "{stderr}");
 }
 

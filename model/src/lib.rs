@@ -46,6 +46,6 @@ pub use architecture::{
 };
 pub use block::Block;
 pub use config_error::ConfigError;
-pub use flux::{Flux, FluxBatch, FluxConfig, FluxInput, FluxTransformer};
+pub use flux::{Flux, FluxConfig, FluxTransformer};
 pub use prediction::{per_sample, Prediction};
 pub use widths::Widths;

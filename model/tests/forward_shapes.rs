@@ -4,7 +4,7 @@ mod common;
 
 use common::{batch, max_abs_diff, tiny_config};
 use flux_model::patchify::{patchify, unpatchify};
-use flux_model::{DiffusionModel, Flux, FluxConfig, FluxInput};
+use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig};
 use tch::{Device, Kind, Tensor};
 
 #[test]
@@ -12,8 +12,8 @@ fn output_has_the_input_shape_at_several_resolutions() {
     let model = Flux::new(&tiny_config(), Device::Cpu).unwrap();
     for (rows, cols, text) in [(4, 4, 6), (3, 7, 5), (8, 2, 1), (1, 1, 9)] {
         let inputs = batch(model.config(), 2, rows, cols, text);
-        let out = tch::no_grad(|| model.forward(&inputs.as_input())).unwrap();
-        assert_eq!(out.size(), inputs.img.size(), "grid {rows}×{cols}");
+        let out = tch::no_grad(|| model.forward(&inputs, false)).unwrap();
+        assert_eq!(out.size(), inputs.latents.size(), "grid {rows}×{cols}");
         assert!(out.isfinite().all().int64_value(&[]) == 1);
     }
 }
@@ -48,13 +48,15 @@ fn patch_size_two_equals_patch_size_one_on_packed_latents() {
     b.store.vs.copy(&a.store.vs).unwrap();
 
     let raw = batch(&patched, 2, 3, 5, 4);
-    let packed_img = patchify(&raw.img, 2).transpose(1, 2).reshape([2, 16, 3, 5]);
-    let packed_input = FluxInput {
-        img: &packed_img,
-        ..raw.as_input()
+    let packed_img = patchify(&raw.latents, 2)
+        .transpose(1, 2)
+        .reshape([2, 16, 3, 5]);
+    let packed_input = DiffusionBatch {
+        latents: packed_img,
+        ..raw.clone()
     };
-    let out_packed = tch::no_grad(|| a.forward(&packed_input)).unwrap();
-    let out_patched = tch::no_grad(|| b.forward(&raw.as_input())).unwrap();
+    let out_packed = tch::no_grad(|| a.forward(&packed_input, false)).unwrap();
+    let out_patched = tch::no_grad(|| b.forward(&raw, false)).unwrap();
     let repacked = patchify(&out_patched, 2)
         .transpose(1, 2)
         .reshape([2, 16, 3, 5]);
@@ -73,10 +75,13 @@ fn guidance_changes_the_output_only_when_embedded() {
     let high = Tensor::full([2], 6.0, (Kind::Float, Device::Cpu));
     let run = |g: &Tensor| {
         tch::no_grad(|| {
-            model.forward(&FluxInput {
-                guidance: Some(g),
-                ..inputs.as_input()
-            })
+            model.forward(
+                &DiffusionBatch {
+                    guidance: Some(g.shallow_clone()),
+                    ..inputs.clone()
+                },
+                false,
+            )
         })
         .unwrap()
     };
@@ -94,7 +99,7 @@ fn gradients_reach_every_parameter() {
     )
     .unwrap();
     let inputs = batch(model.config(), 2, 2, 3, 4);
-    let out = model.forward_t(&inputs.as_input(), true).unwrap();
+    let out = model.forward(&inputs, true).unwrap();
     out.square().mean(Kind::Float).backward();
     for (name, var) in model.store.vs.variables() {
         let grad = var.grad();
@@ -115,9 +120,9 @@ fn dropout_acts_only_in_training() {
     };
     let model = Flux::new(&config, Device::Cpu).unwrap();
     let inputs = batch(&config, 1, 2, 2, 3);
-    let eval = |m: &Flux| tch::no_grad(|| m.forward(&inputs.as_input())).unwrap();
+    let eval = |m: &Flux| tch::no_grad(|| m.forward(&inputs, false)).unwrap();
     assert_eq!(max_abs_diff(&eval(&model), &eval(&model)), 0.0);
-    let train = || tch::no_grad(|| model.forward_t(&inputs.as_input(), true)).unwrap();
+    let train = || tch::no_grad(|| model.forward(&inputs, true)).unwrap();
     assert!(max_abs_diff(&train(), &train()) > 0.0);
 }
 
@@ -130,40 +135,40 @@ fn mismatched_inputs_are_named_errors() {
     let model = Flux::new(&config, Device::Cpu).unwrap();
     let good = batch(&config, 2, 3, 3, 4);
     let wrong_channels = Tensor::zeros([2, 5, 3, 3], (Kind::Float, Device::Cpu));
-    let short_ids = Tensor::zeros([2, 8, 3], (Kind::Float, Device::Cpu));
-    let wrong_y = Tensor::zeros([2, 7], (Kind::Float, Device::Cpu));
+    let wrong_text = Tensor::zeros([2, 4, 7], (Kind::Float, Device::Cpu));
+    let wrong_pooled = Tensor::zeros([2, 7], (Kind::Float, Device::Cpu));
     let cases = [
         (
-            FluxInput {
-                img: &wrong_channels,
-                ..good.as_input()
+            DiffusionBatch {
+                latents: wrong_channels,
+                ..good.clone()
             },
-            "img",
+            "latents",
         ),
         (
-            FluxInput {
-                img_ids: &short_ids,
-                ..good.as_input()
+            DiffusionBatch {
+                text: Some(wrong_text),
+                ..good.clone()
             },
-            "img_ids",
+            "text",
         ),
         (
-            FluxInput {
-                y: &wrong_y,
-                ..good.as_input()
+            DiffusionBatch {
+                pooled: Some(wrong_pooled),
+                ..good.clone()
             },
-            "y",
+            "pooled",
         ),
         (
-            FluxInput {
+            DiffusionBatch {
                 guidance: None,
-                ..good.as_input()
+                ..good.clone()
             },
             "guidance",
         ),
     ];
     for (input, argument) in cases {
-        let err = model.forward(&input).unwrap_err();
+        let err = model.forward(&input, false).unwrap_err();
         assert_eq!(err.argument, argument, "{err}");
     }
     let odd = FluxConfig {
@@ -174,10 +179,13 @@ fn mismatched_inputs_are_named_errors() {
     let inputs = batch(&odd, 1, 2, 2, 3);
     let odd_img = Tensor::zeros([1, 8, 5, 4], (Kind::Float, Device::Cpu));
     let err = patched
-        .forward(&FluxInput {
-            img: &odd_img,
-            ..inputs.as_input()
-        })
+        .forward(
+            &DiffusionBatch {
+                latents: odd_img,
+                ..inputs.clone()
+            },
+            false,
+        )
         .unwrap_err();
     assert!(
         err.to_string().contains("divisible by patch_size 2"),
@@ -201,7 +209,7 @@ fn recomputation_gives_the_same_output_and_gradients() {
                 let _ = g.zero_();
             }
         });
-        let out = model.forward_t(&inputs.as_input(), true).unwrap();
+        let out = model.forward(&inputs, true).unwrap();
         out.square().mean(Kind::Float).backward();
         let mut grads: Vec<(String, Tensor)> = model
             .store

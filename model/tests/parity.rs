@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 
 use flux_model::convert::{self, Layout};
-use flux_model::{Flux, FluxConfig, FluxInput, ModelSpec};
+use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig, ModelSpec};
 use tch::{Device, Tensor};
 
 const TOLERANCE: f64 = 1e-4;
@@ -33,16 +33,16 @@ fn run_case(case: &str, layout: Layout) -> f64 {
 
     let io: HashMap<String, Tensor> =
         convert::read_safetensors(&dir.join("io.safetensors")).unwrap();
-    let input = FluxInput {
-        img: &io["img"],
-        txt: &io["txt"],
-        y: &io["y"],
-        timesteps: &io["timesteps"],
-        img_ids: &io["img_ids"],
-        txt_ids: &io["txt_ids"],
-        guidance: io.get("guidance"),
+    // The fixture's positions are FLUX.1's: image tokens (0, row, column), text tokens 0, as
+    // the model derives them.
+    let input = DiffusionBatch {
+        latents: io["img"].shallow_clone(),
+        text: Some(io["txt"].shallow_clone()),
+        pooled: Some(io["y"].shallow_clone()),
+        timesteps: io["timesteps"].shallow_clone(),
+        guidance: io.get("guidance").map(Tensor::shallow_clone),
     };
-    let out = tch::no_grad(|| model.forward(&input)).unwrap();
+    let out = tch::no_grad(|| model.forward(&input, false)).unwrap();
     assert_eq!(out.size(), io["out"].size());
     common::max_abs_diff(&out, &io["out"])
 }

@@ -117,6 +117,13 @@ pub struct DiffusionBatch {
     pub guidance: Option<Tensor>,
 }
 
+impl Clone for DiffusionBatch {
+    /// Shares the tensors (no copy).
+    fn clone(&self) -> Self {
+        self.narrow(0, self.latents.size()[0])
+    }
+}
+
 impl DiffusionBatch {
     /// Standard-normal latents, text and pooled vectors, uniform timesteps and the default
     /// guidance, as `spec` declares them, for `height × width` latents and `text_len` text states,

@@ -14,7 +14,7 @@ mod model;
 mod registry;
 
 pub use built::{Built, RootBlock};
-pub(crate) use inputs::{check_sequence_split, expect_shape};
+pub(crate) use inputs::check_sequence_split;
 pub use inputs::{DiffusionBatch, InputError, InputSpec};
 pub use model::{DiffusionModel, Erased, ModelConfig, Registered};
 pub use registry::{Architecture, ModelSpec, ARCHITECTURES, ARCHITECTURE_KEY};

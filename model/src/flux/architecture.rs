@@ -5,13 +5,12 @@ use tch::Tensor;
 
 use crate::activations::Activations;
 use crate::architecture::{
-    DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
+    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::convert::{Layout, Source};
-use crate::embeddings::{text_position_ids, token_grid_ids};
 use crate::flops::{Attention, Rows};
 use crate::flux::{activations, flops, layouts};
-use crate::{ConfigError, FluxConfig, FluxInput, FluxTransformer, Widths};
+use crate::{ConfigError, FluxConfig, FluxTransformer, Widths};
 
 impl Registered for FluxConfig {
     type Root = FluxTransformer;
@@ -166,25 +165,23 @@ impl ModelConfig for FluxConfig {
 }
 
 impl RootBlock for FluxTransformer {
-    /// Image positions from the latent grid, text positions zero (FLUX.1).
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
         let (rows, cols) = self.config().inputs().check(batch)?;
         let (text, pooled) = match (&batch.text, &batch.pooled) {
             (Some(text), Some(pooled)) => (text, pooled),
             _ => unreachable!("InputSpec::check requires both"),
         };
-        let (b, device) = (batch.latents.size()[0], batch.latents.device());
-        let img_ids = token_grid_ids(b, rows, cols, device);
-        let txt_ids = text_position_ids(b, text.size()[1], device);
-        let input = FluxInput {
-            img: &batch.latents,
-            txt: text,
-            y: pooled,
-            timesteps: &batch.timesteps,
-            img_ids: &img_ids,
-            txt_ids: &txt_ids,
-            guidance: batch.guidance.as_ref(),
-        };
-        self.forward(&input, train)
+        check_sequence_split(
+            self.x_embedder.tp(),
+            &[("latents", rows * cols), ("text", text.size()[1])],
+        )?;
+        Ok(self.forward(
+            &batch.latents,
+            text,
+            pooled,
+            &batch.timesteps,
+            batch.guidance.as_ref(),
+            train,
+        ))
     }
 }

@@ -6,10 +6,8 @@ mod architecture;
 pub mod blocks;
 mod config;
 pub mod flops;
-mod input;
 mod layouts;
 mod model;
 
 pub use config::FluxConfig;
-pub use input::{FluxBatch, FluxInput};
 pub use model::{Flux, FluxTransformer};

@@ -3,14 +3,16 @@
 use flux_macros::diffusion_block;
 use tch::{Device, Kind, Tensor};
 
-use crate::architecture::{check_sequence_split, Built};
-use crate::embeddings::{EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder};
+use crate::architecture::Built;
+use crate::embeddings::{
+    text_position_ids, token_grid_ids, EmbedNd, EmbedderDims, MlpEmbedder, TimeStepEmbedder,
+};
 use crate::execution::Layers;
 use crate::flux::blocks::{DoubleBlock, SingleBlock};
 use crate::layers::{adaln_continuous, Halves};
 use crate::patchify::{patchify, unpatchify};
 use crate::tp::{Linear, TpContext};
-use crate::{ConfigError, FluxConfig, FluxInput, InputError};
+use crate::{ConfigError, FluxConfig};
 
 /// Flux's module tree. State-dict names: `x_embedder`, `context_embedder`, `time_embedder`,
 /// `vector_embedder`, `guidance_embedder`, `transformer.layers.{i}` (joint layers first, then
@@ -64,26 +66,39 @@ impl FluxTransformer {
         format!("transformer.layers.{i}")
     }
 
-    /// Predicted velocity `[B, C, H, W]` for `input`; `train` enables dropout.
-    pub fn forward(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
-        let (rows, cols) = input.check(&self.config)?;
+    /// `latents [B, C, H, W]`, `text [B, S, context_dim]` (T5), `pooled [B, vec_in_dim]`
+    /// (CLIP), `timesteps [B]` (σ in `[0, 1]`), `guidance [B]` when the config embeds it →
+    /// predicted velocity `[B, C, H, W]`; `train` enables dropout. Image tokens sit at
+    /// `(0, row, column)` of the token grid, text tokens at 0 (FLUX.1's positions).
+    pub fn forward(
+        &self,
+        latents: &Tensor,
+        text: &Tensor,
+        pooled: &Tensor,
+        timesteps: &Tensor,
+        guidance: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
         let p = self.config.patch_size;
-        let text_len = input.txt.size()[1];
-        check_sequence_split(
-            self.x_embedder.tp(),
-            &[("img", rows * cols), ("txt", text_len)],
-        )?;
+        let (b, _, h, w) = latents.size4().expect("latents must be [B, C, H, W]");
+        let (rows, cols) = (h / p, w / p);
+        let text_len = text.size()[1];
+        let device = latents.device();
 
-        let img = self.x_embedder.forward(&patchify(input.img, p));
-        let txt = self.context_embedder.forward(input.txt);
-        let mut vec =
-            self.time_embedder.forward(input.timesteps) + self.vector_embedder.forward(input.y);
-        if let (Some(embedder), Some(g)) = (&self.guidance_embedder, input.guidance) {
+        let img = self.x_embedder.forward(&patchify(latents, p));
+        let txt = self.context_embedder.forward(text);
+        let mut vec = self.time_embedder.forward(timesteps) + self.vector_embedder.forward(pooled);
+        if let (Some(embedder), Some(g)) = (&self.guidance_embedder, guidance) {
             vec += embedder.forward(g);
         }
-        let rope = self
-            .pe_embedder
-            .forward(&Tensor::cat(&[input.txt_ids, input.img_ids], 1));
+        let ids = Tensor::cat(
+            &[
+                text_position_ids(b, text_len, device),
+                token_grid_ids(b, rows, cols, device),
+            ],
+            1,
+        );
+        let rope = self.pe_embedder.forward(&ids);
 
         let (img, txt) = self.joint_layers.run(
             (img, txt),
@@ -99,7 +114,7 @@ impl FluxTransformer {
         let img = x.narrow(1, text_len, rows * cols);
         let eps = self.config.layernorm_epsilon;
         let out = adaln_continuous(&self.norm_out, &img, &vec, eps, Halves::ShiftScale);
-        Ok(unpatchify(&self.proj_out.forward(&out), p, rows, cols))
+        unpatchify(&self.proj_out.forward(&out), p, rows, cols)
     }
 }
 
@@ -115,15 +130,5 @@ impl Built<FluxTransformer> {
     /// The model's configuration.
     pub fn config(&self) -> &FluxConfig {
         self.transformer.config()
-    }
-
-    /// Predicted velocity `[B, C, H, W]` for `input` (inference: no dropout).
-    pub fn forward(&self, input: &FluxInput) -> Result<Tensor, InputError> {
-        self.forward_t(input, false)
-    }
-
-    /// Predicted velocity `[B, C, H, W]`; `train` enables dropout (and recomputation when set).
-    pub fn forward_t(&self, input: &FluxInput, train: bool) -> Result<Tensor, InputError> {
-        self.run(train, |t| t.forward(input, train))
     }
 }

@@ -5,12 +5,26 @@ pub mod threads;
 
 use std::path::PathBuf;
 
-use flux_model::{FluxBatch, FluxConfig};
+use flux_model::{DiffusionBatch, FluxConfig, ModelConfig};
 use tch::{Device, Tensor};
 
 /// Random CPU inputs for `config` on a `rows × cols` token grid with `text_len` text tokens.
-pub fn batch(config: &FluxConfig, size: i64, rows: i64, cols: i64, text_len: i64) -> FluxBatch {
-    FluxBatch::random(config, size, rows, cols, text_len, Device::Cpu)
+pub fn batch(
+    config: &FluxConfig,
+    size: i64,
+    rows: i64,
+    cols: i64,
+    text_len: i64,
+) -> DiffusionBatch {
+    let p = config.patch_size;
+    DiffusionBatch::random(
+        &config.inputs(),
+        size,
+        rows * p,
+        cols * p,
+        text_len,
+        Device::Cpu,
+    )
 }
 
 /// Folder of the reference fixtures made by the scripts in `tests/fixtures/`.
