@@ -9,7 +9,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use flux_cluster::DeviceChoice;
 use flux_model::tp::{all_reduce_grads, CollectiveCounts, TpContext, BUCKET_ELEMENTS};
-use flux_model::DiffusionBatch;
 use flux_train::{Launch, RunConfig};
 use tch::{Device, Kind, Tensor};
 
@@ -75,16 +74,9 @@ pub fn run(args: CheckParallelArgs) -> Result<()> {
             let _ = var.g_add_(&(var.randn_like() * 0.05));
         }
     });
-    let (rows, cols) = args.resolution.tokens();
-    let p = inputs.patch_size;
-    let batch = DiffusionBatch::random(
-        &inputs,
-        args.batch,
-        rows * p,
-        cols * p,
-        args.text_len,
-        Device::Cpu,
-    );
+    let batch = args
+        .resolution
+        .random_batch(&inputs, args.batch, args.text_len, Device::Cpu);
     let target = batch.latents.randn_like();
     let elements = batch.latents.numel() as i64;
     let expected_out = reference.forward(&batch, false)?;

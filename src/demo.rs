@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use flux_cluster::Placement;
-use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig, ModelConfig};
+use flux_model::{DiffusionModel, Flux, FluxConfig, ModelConfig};
 use flux_train::RunConfig;
 
 use crate::info::group_digits;
@@ -62,16 +62,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let model = Flux::new(config, device)?;
     let build_s = build.elapsed().as_secs_f64();
     let (rows, cols) = args.resolution.tokens();
-    let p = config.patch_size;
-    let inputs = config.inputs();
-    let batch = DiffusionBatch::random(
-        &inputs,
-        args.batch,
-        rows * p,
-        cols * p,
-        args.text_len,
-        device,
-    );
+    let batch = args
+        .resolution
+        .random_batch(&config.inputs(), args.batch, args.text_len, device);
 
     println!(
         "device            {device:?} ({} threads)",

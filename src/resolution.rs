@@ -2,6 +2,9 @@
 
 use std::str::FromStr;
 
+use flux_model::{DiffusionBatch, InputSpec};
+use tch::Device;
+
 /// Pixels per token side: the VAE downsamples by 8 and the 2×2 packing halves again.
 pub const PIXELS_PER_TOKEN: i64 = 16;
 
@@ -21,6 +24,21 @@ impl Resolution {
             self.height / PIXELS_PER_TOKEN,
             self.width / PIXELS_PER_TOKEN,
         )
+    }
+
+    /// A random batch of `batch` samples at this resolution for a model taking `inputs`: latents
+    /// covering the token grid (`tokens() · patch_size` latent pixels a side) and `text_len` text
+    /// states, on `device` ([`DiffusionBatch::random`]).
+    pub fn random_batch(
+        &self,
+        inputs: &InputSpec,
+        batch: i64,
+        text_len: i64,
+        device: Device,
+    ) -> DiffusionBatch {
+        let (rows, cols) = self.tokens();
+        let p = inputs.patch_size;
+        DiffusionBatch::random(inputs, batch, rows * p, cols * p, text_len, device)
     }
 }
 
