@@ -1,5 +1,5 @@
 //! Build the custom libtorch parts (csrc/: tensor-parallel regions, activation recomputation,
-//! parameter residency, the counting CPU allocator) against the libtorch torch-sys links, and
+//! parameter residency, the counting CPU allocator, float8 linears) against the libtorch torch-sys links, and
 //! embed libtorch's folder in the rpath of this crate's tests.
 
 fn main() {
@@ -11,6 +11,7 @@ fn main() {
             "csrc/recompute.cpp",
             "csrc/residency.cpp",
             "csrc/tensor_memory.cpp",
+            "csrc/fp8_linear.cpp",
         ],
     );
 }

@@ -7,8 +7,9 @@
 #    c10d's ProcessGroupGloo, Slurm and munge for the local test cluster of scripts/slurm-local.sh).
 # 2. A git-ignored virtual environment `.venv/` with torch 2.13.0 (the libtorch tch 0.26 links)
 #    and the reference packages used to make test fixtures and benchmarks (diffusers,
-#    safetensors, h5py, and peft for diffusers' LoRA loader), and the two CUDA header wheels
-#    (crt, cccl) the wheel's own CUDA packages leave out, which ProcessGroupNCCL's header needs.
+#    safetensors, h5py, peft for diffusers' LoRA loader, torchao for float8 training), and the
+#    two CUDA header wheels (crt, cccl) the wheel's own CUDA packages leave out, which
+#    ProcessGroupNCCL's header needs.
 # 3. A `.libtorch` link to the wheel's libtorch, which `.cargo/config.toml` points `LIBTORCH` at,
 #    so plain `cargo build` / `cargo test` need no exported variables.
 # A second run only checks and skips.
@@ -21,6 +22,7 @@ TORCH_VERSION=2.13.0
 DIFFUSERS_VERSION=0.42.1
 PEFT_VERSION=0.21.2
 TENSORBOARD_VERSION=2.21.0
+TORCHAO_VERSION=0.18.0
 # The CUDA 13.0 headers torch 2.13's cu13 wheels do not ship (host_config.h, libcu++'s nv/):
 # header-only, 40 MB, and needed to compile flux-hpc's c10d NCCL bridge, not to run anything.
 CUDA_HEADER_WHEELS=("nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85")
@@ -86,6 +88,14 @@ if ! $py -c "import tensorboard; assert tensorboard.__version__ == '$TENSORBOARD
     $py -m pip install -q "tensorboard==$TENSORBOARD_VERSION"
 else
     say "tensorboard $TENSORBOARD_VERSION present in .venv"
+fi
+
+# torchao: the float8 training reference the FP8 tests' fixtures come from.
+if ! $py -c "import torchao; assert torchao.__version__ == '$TORCHAO_VERSION'" 2>/dev/null; then
+    say "installing torchao==$TORCHAO_VERSION into .venv"
+    $py -m pip install -q --no-deps "torchao==$TORCHAO_VERSION"
+else
+    say "torchao $TORCHAO_VERSION present in .venv"
 fi
 
 # --- 3. libtorch link used by .cargo/config.toml ------------------------------------------------

@@ -24,6 +24,10 @@ if [ ! -f tests/fixtures/data/vae/bfl_outputs.safetensors ]; then
     echo "[test] making autoencoder fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_vae_fixtures.py tests/fixtures/data/vae
 fi
+if [ ! -f tests/fixtures/data/fp8/linear.safetensors ]; then
+    echo "[test] making float8 linear fixtures from torchao"
+    .venv/bin/python tests/fixtures/make_fp8_fixtures.py
+fi
 if [ ! -f tests/fixtures/data/scheduler.json ]; then
     echo "[test] making scheduler fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_scheduler_fixtures.py

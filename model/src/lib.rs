@@ -29,6 +29,7 @@ pub mod convert;
 pub mod dit;
 pub mod embeddings;
 pub mod execution;
+pub mod float8;
 pub mod flops;
 pub mod flux;
 pub mod flux2;

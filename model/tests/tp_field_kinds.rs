@@ -120,6 +120,7 @@ fn two_ranks_match_one_with_every_field_kind() {
             backward: 1,
             grad_sync: 1,
             sequence: 0,
+            amax: 0,
         }
     );
     for (rank, handle) in ranks.into_iter().enumerate() {

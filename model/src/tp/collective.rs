@@ -45,6 +45,23 @@ pub trait Collective {
         staging::reduce_scatter(self, input, output);
     }
 
+    /// Replace `t` (contiguous, small: float8 scales' maxima) by its elementwise maximum over
+    /// the group; by default every rank's `t` is gathered and reduced locally.
+    fn all_reduce_max(&self, t: &Tensor) {
+        if self.size() == 1 {
+            return;
+        }
+        let all = t.new_zeros(
+            [self.size() as i64, t.numel() as i64],
+            (t.kind(), t.device()),
+        );
+        self.all_gather_into(t, &all);
+        tch::no_grad(|| {
+            let max = all.amax([0], false).view(t.size().as_slice());
+            t.shallow_clone().copy_(&max)
+        });
+    }
+
     /// Replace `t` (contiguous) on every rank by rank `root`'s `t`.
     fn broadcast(&self, t: &Tensor, root: usize) {
         staging::broadcast(self, t, root);

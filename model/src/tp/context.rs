@@ -16,6 +16,8 @@ use crate::tp::{Collective, ParamSpec, Pass, SingleRank};
 type ReduceFn = unsafe extern "C" fn(handle: *mut c_void, t: *mut C_tensor, kind: i32);
 type SequenceFn =
     unsafe extern "C" fn(handle: *mut c_void, op: i32, input: *mut C_tensor, output: *mut C_tensor);
+/// What the float8 linears (`csrc/fp8_linear.cpp`) call to take a scale's amax over the group.
+pub(crate) type AmaxFn = unsafe extern "C" fn(handle: *mut c_void, amax: *mut C_tensor);
 
 /// The operations a sequence node applies along the sequence dimension (`csrc/tp_regions.cpp`).
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +67,8 @@ pub struct CollectiveCounts {
     pub grad_sync: u64,
     /// All-gathers and reduce-scatters along the sequence, both passes (sequence parallelism).
     pub sequence: u64,
+    /// Maxima of float8 scales' amax over the group (float8 linears split over it).
+    pub amax: u64,
 }
 
 impl CollectiveCounts {
@@ -83,6 +87,7 @@ impl CollectiveCounts {
                 .any(|s| s.grad_sync == crate::tp::GradSync::SumOverGroup)
                 .into(),
             sequence: 0,
+            amax: 0,
         }
     }
 }
@@ -149,6 +154,22 @@ unsafe extern "C" fn sequence_callback(
     }));
     if result.is_err() {
         eprintln!("flux-hpc: sequence-parallel collective panicked; aborting so no rank hangs");
+        std::process::abort();
+    }
+}
+
+/// Called by the float8 linears in `csrc/fp8_linear.cpp` with a contiguous amax to replace by
+/// its maximum over the group.
+unsafe extern "C" fn amax_callback(handle: *mut c_void, amax: *mut C_tensor) {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in `reduce_callback`.
+        let group = unsafe { &*(handle as *const Group) };
+        let amax = ManuallyDrop::new(unsafe { Tensor::from_ptr(amax) });
+        group.count(|c| c.amax += 1);
+        group.comm.all_reduce_max(&amax);
+    }));
+    if result.is_err() {
+        eprintln!("flux-hpc: float8 amax reduction panicked; aborting so no rank hangs");
         std::process::abort();
     }
 }
@@ -231,6 +252,12 @@ impl TpContext {
     /// Collectives issued so far.
     pub fn counts(&self) -> CollectiveCounts {
         self.group.counts.get()
+    }
+
+    /// The callback and handle a float8 linear takes its amax maxima through; valid while this
+    /// group lives (the model keeps it alive through any backward pass).
+    pub(crate) fn amax_hook(&self) -> (AmaxFn, *mut c_void) {
+        (amax_callback, Rc::as_ptr(&self.group) as *mut c_void)
     }
 
     fn region(

@@ -5,6 +5,7 @@ use std::cell::OnceCell;
 use tch::nn::Path;
 use tch::Tensor;
 
+use crate::float8::Float8Gemm;
 use crate::lora::Adapter;
 use crate::tp::{creation, GradSync, ParamSpec, Pass, Shard, TpContext};
 
@@ -117,6 +118,7 @@ pub struct Linear {
     local_parts: Vec<i64>,
     tp: TpContext,
     adapter: OnceCell<Adapter>,
+    float8: OnceCell<Float8Gemm>,
 }
 
 impl Linear {
@@ -152,6 +154,7 @@ impl Linear {
             local_parts,
             tp: tp.clone(),
             adapter: OnceCell::new(),
+            float8: OnceCell::new(),
         }
     }
 
@@ -181,6 +184,32 @@ impl Linear {
         self.adapter.get()
     }
 
+    /// Run every later product `x Wᵀ` through float8 GEMMs as `gemm` says; refused (handing it
+    /// back) when the layer runs in float8 already.
+    pub fn use_float8(&self, gemm: Float8Gemm) -> Result<(), Float8Gemm> {
+        self.float8.set(gemm)
+    }
+
+    /// How the layer's GEMMs run in float8, when they do.
+    pub fn float8(&self) -> Option<&Float8Gemm> {
+        self.float8.get()
+    }
+
+    /// `x Wᵀ + b` with this rank's weight, in float8 when the layer was switched to it (the bias
+    /// added in the output's precision, as torchao does).
+    fn product(&self, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        match self.float8.get() {
+            None => x.linear(&self.weight, bias),
+            Some(gemm) => {
+                let y = gemm.product(x, &self.weight, &self.tp);
+                match bias {
+                    Some(b) => y + b,
+                    None => y,
+                }
+            }
+        }
+    }
+
     /// `y` plus the adapter's update of `x`, when there is one.
     fn adapted(&self, y: Tensor, x: &Tensor) -> Tensor {
         match self.adapter.get() {
@@ -197,13 +226,13 @@ impl Linear {
     /// collective of its own.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         match self.shard {
-            Shard::Replicated => self.adapted(x.linear(&self.weight, self.bias.as_ref()), x),
+            Shard::Replicated => self.adapted(self.product(x, self.bias.as_ref()), x),
             Shard::Column => {
                 let x = self.tp.column_input(x);
-                self.adapted(x.linear(&self.weight, self.bias.as_ref()), &x)
+                self.adapted(self.product(&x, self.bias.as_ref()), &x)
             }
             Shard::Row => {
-                let partial = self.adapted(x.linear::<Tensor>(&self.weight, None), x);
+                let partial = self.adapted(self.product(x, None), x);
                 let y = self.tp.row_output(&partial);
                 match &self.bias {
                     Some(b) => y + self.tp.broadcast_over_sequence(b),

@@ -24,6 +24,7 @@ pub mod staging;
 mod store;
 
 pub use collective::{Collective, Finished, Pending, SingleRank};
+pub(crate) use context::AmaxFn;
 pub use context::{CollectiveCounts, TpContext};
 pub use dp_groups::DpGroups;
 pub use embedding::{Embedding, EmbeddingDecl, EMBEDDING_INIT_STD};
