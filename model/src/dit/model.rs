@@ -57,8 +57,9 @@ impl DitTransformer {
         let (_, _, h, w) = x.size4().expect("x must be [B, C, H, W]");
         let (rows, cols) = (h / p, w / p);
 
-        let tokens =
-            self.x_embedder.forward(&patchify(x, p)) + sincos_2d(rows, cols, d, x.device());
+        // The fixed positions join the tokens in the weights' dtype (bf16 stays bf16).
+        let patches = self.x_embedder.forward(&patchify(x, p));
+        let tokens = &patches + sincos_2d(rows, cols, d, x.device()).to_kind(patches.kind());
         let c = self.t_embedder.forward(t) + self.y_embedder.forward(y);
 
         let tokens = self
