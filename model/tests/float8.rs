@@ -19,9 +19,9 @@ use std::collections::HashMap;
 use common::threads::ThreadGroup;
 
 use flux_macros::diffusion_block;
-use flux_model::float8::{Float8Gemm, Float8Recipe};
+use flux_model::float8::{convert, Float8Gemm, Float8Recipe, Float8Settings};
 use flux_model::tp::{Linear, ShardedStore, TpContext};
-use flux_model::Block;
+use flux_model::{Block, DiffusionBatch};
 use tch::{Device, Kind, Tensor};
 
 const RECIPES: [Float8Recipe; 3] = [
@@ -226,4 +226,90 @@ fn two_ranks_match_one_in_every_recipe() {
             assert_eq!(amax, expected_amax, "{name} rank {rank}: amax maxima");
         }
     }
+}
+
+#[test]
+fn every_architecture_trains_its_layer_linears_in_float8_and_targets_are_checked() {
+    for architecture in flux_model::ARCHITECTURES {
+        let spec = architecture.tiny();
+        tch::manual_seed(0);
+        let model = spec
+            .build_as(Device::Cpu, Kind::BFloat16, TpContext::single())
+            .unwrap();
+        let name = architecture.name;
+        let chosen = convert(model.as_ref(), &Float8Settings::default()).unwrap();
+        // Only linears of the layer stacks: the stem's embedders and the head stay in bf16.
+        let layers: Vec<String> = model.layers()[1..model.layers().len() - 1].to_vec();
+        assert!(!chosen.is_empty(), "{name}");
+        for linear in &chosen {
+            let inside = layers.iter().any(|l| linear.starts_with(&format!("{l}.")));
+            assert!(inside, "{name}: `{linear}` is outside the layer stacks");
+        }
+        let mut outside = Vec::new();
+        model.visit_linears(&mut |l| {
+            if l.float8().is_none() {
+                outside.push(l.name().to_string())
+            }
+        });
+        assert!(!outside.is_empty(), "{name}: the embedders stay in bf16");
+
+        // A training step's forward and backward run through them and reach every weight.
+        let batch =
+            DiffusionBatch::random(&spec.inputs(), 2, 8, 8, 4, Device::Cpu).to_kind(Kind::BFloat16);
+        let out = model.forward(&batch, true).unwrap();
+        assert_eq!(out.kind(), Kind::BFloat16);
+        out.to_kind(Kind::Float)
+            .square()
+            .mean(Kind::Float)
+            .backward();
+        for (param, t) in model.store().vs.variables() {
+            let g = t.grad();
+            assert!(g.defined(), "{name}: {param} has no gradient");
+            let finite = bool::try_from(g.isfinite().all()).unwrap();
+            assert!(finite, "{name}: {param} has a non-finite gradient");
+        }
+
+        // A second switch is refused; patterns that select nothing or unaligned layers too.
+        let again = convert(model.as_ref(), &Float8Settings::default()).unwrap_err();
+        assert_eq!(again.field, "fp8", "{name}");
+        let fresh = spec
+            .build_as(Device::Cpu, Kind::BFloat16, TpContext::single())
+            .unwrap();
+        let nothing = Float8Settings {
+            targets: vec!["no_such_layer".into()],
+            ..Float8Settings::default()
+        };
+        let err = convert(fresh.as_ref(), &nothing).unwrap_err();
+        assert_eq!(err.field, "fp8.targets");
+        assert!(err.to_string().contains("no_such_layer"), "{err}");
+    }
+}
+
+#[test]
+fn a_named_linear_whose_sides_are_not_multiples_of_16_is_refused_by_name() {
+    // A DiT 40 wide: its attention and MLP linears have a side of 40.
+    let table = "architecture = \"dit\"\ndepth = 1\nhidden_size = 40\nnum_attention_heads = 4\n\
+                 in_channels = 4\npatch_size = 2\ncond_dim = 16\nfrequency_embedding_size = 32";
+    let spec = flux_model::ModelSpec::from_table(toml::from_str(table).unwrap()).unwrap();
+    // By default those layers are left in bf16.
+    let model = spec
+        .build_as(Device::Cpu, Kind::BFloat16, TpContext::single())
+        .unwrap();
+    assert!(convert(model.as_ref(), &Float8Settings::default())
+        .unwrap()
+        .is_empty());
+    let model = spec
+        .build_as(Device::Cpu, Kind::BFloat16, TpContext::single())
+        .unwrap();
+    let all = Float8Settings {
+        targets: vec!["*".into()],
+        ..Float8Settings::default()
+    };
+    let err = convert(model.as_ref(), &all).unwrap_err();
+    assert_eq!(err.field, "fp8.targets");
+    assert!(err.to_string().contains("multiples of 16"), "{err}");
+    assert!(
+        err.to_string().contains("[40,") || err.to_string().contains(", 40]"),
+        "{err}"
+    );
 }

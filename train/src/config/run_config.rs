@@ -7,6 +7,7 @@
 //! [parallelism]    # how ranks are split: tensor × data parallel (pipeline must stay 1)
 //! [data]           # where latents come from
 //! [checkpoint]     # the run directory
+//! [fp8]            # optional: the float8 recipe and linears under precision = "fp8"
 //! [lora]           # optional: train low-rank adapters on a frozen base
 //! [logging]        # optional: TensorBoard event files
 //! [sampling]       # optional: PNG grids of fixed prompts and seeds while training
@@ -23,9 +24,10 @@ use flux_cluster::{Backend, GroupSizes, LayoutError, Transport};
 use flux_model::{ConfigError, ModelSpec};
 use tch::Device;
 
+use crate::config::float8::Float8Config;
 use crate::config::monitoring::{LoggingConfig, SamplingConfig};
 use crate::config::sections::{
-    CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, TrainingConfig,
+    CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, Precision, TrainingConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -239,6 +241,9 @@ pub struct RunConfig {
     /// `[slurm]`: how `flux-hpc sbatch` submits the run.
     #[serde(default)]
     pub slurm: SlurmConfig,
+    /// `[fp8]`: the float8 recipe and linears (defaults under `precision = "fp8"` without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Float8Config>,
     /// `[lora]`: adapters to train instead of the whole model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
@@ -283,6 +288,12 @@ pub enum RunConfigError {
 }
 
 impl RunConfig {
+    /// The float8 settings the model is switched to, under `precision = "fp8"`.
+    pub fn float8(&self) -> Option<flux_model::float8::Float8Settings> {
+        (self.training.precision == Precision::Fp8)
+            .then(|| self.fp8.clone().unwrap_or_default().settings())
+    }
+
     /// Read `path`, apply `overrides` (`table.key=value`, value in TOML syntax; bare words are
     /// strings), deserialize strictly and validate.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, RunConfigError> {
@@ -397,6 +408,15 @@ impl RunConfig {
         if self.parallelism.sequence_parallel {
             self.check_sequence_lengths()?;
         }
+        ConfigError::check(
+            self.fp8.is_none() || self.training.precision == Precision::Fp8,
+            "fp8",
+            || {
+                "configures float8 training, which this run does not do: set [training] \
+                 precision = \"fp8\" (or remove the table)"
+                    .into()
+            },
+        )?;
         self.data.validate().map_err(|e| e.within("data"))?;
         self.checkpoint
             .validate()

@@ -19,6 +19,8 @@ pub enum Precision {
     Fp32,
     /// bf16 weights and activations; f32 master weights, gradients and optimizer state.
     Bf16,
+    /// As `Bf16`, with the GEMMs of the linears `[fp8]` selects in float8 (torchao's numerics).
+    Fp8,
 }
 
 impl Precision {
@@ -26,7 +28,7 @@ impl Precision {
     pub fn kind(self) -> tch::Kind {
         match self {
             Precision::Fp32 => tch::Kind::Float,
-            Precision::Bf16 => tch::Kind::BFloat16,
+            Precision::Bf16 | Precision::Fp8 => tch::Kind::BFloat16,
         }
     }
 }
@@ -82,7 +84,8 @@ pub struct TrainingConfig {
     pub prediction: Prediction,
     /// How elementwise errors are reduced.
     pub loss: Reduction,
-    /// `fp32` or `bf16` (f32 master weights).
+    /// `fp32`, `bf16` (f32 master weights) or `fp8` (bf16 with float8 GEMMs in the linears
+    /// `[fp8]` selects).
     pub precision: Precision,
     /// Recompute each layer's activations during backward instead of storing them (less memory,
     /// one more forward pass). Needs the model's dropouts at 0.
@@ -507,6 +510,11 @@ impl LoraConfig {
             self.base.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),
             "lora.base",
             || "is empty; name a native checkpoint or leave the key out".into(),
+        )?;
+        ConfigError::check(
+            self.base_precision != Precision::Fp8,
+            "lora.base_precision",
+            || "\"fp8\" is not available for a frozen base yet; use \"fp32\" or \"bf16\"".into(),
         )?;
         ConfigError::check(
             self.init.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),

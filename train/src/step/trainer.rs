@@ -134,8 +134,9 @@ pub struct Trainer<'a> {
 }
 
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
-/// `[training] seed` (identical on every rank before sharding), bf16 under `precision = "bf16"`,
-/// layer recomputation as `[training] recompute` says.
+/// `[training] seed` (identical on every rank before sharding), bf16 under `precision = "bf16"`
+/// and `"fp8"` (the latter with the `[fp8]` linears switched to float8 GEMMs), layer
+/// recomputation as `[training] recompute` says.
 pub fn build_model(
     run: &RunConfig,
     device: Device,
@@ -144,6 +145,16 @@ pub fn build_model(
     let t = &run.training;
     tch::manual_seed(t.seed as i64);
     let model = run.model.build_as(device, t.precision.kind(), tp)?;
+    if let Some(settings) = run.float8() {
+        let chosen = flux_model::float8::convert(model.as_ref(), &settings)?;
+        let mut linears = 0;
+        model.visit_linears(&mut |_| linears += 1);
+        tracing::info!(
+            recipe = settings.recipe.name(),
+            "float8 GEMMs in {} of {linears} linears",
+            chosen.len()
+        );
+    }
     model.set_recompute(t.recompute);
     Ok(model)
 }
@@ -221,7 +232,7 @@ impl<'a> Trainer<'a> {
                         .map_err(|e| ConfigError::new("lora.init", e))?;
                     adapters.load_imported(&file, &init.display().to_string())?;
                 }
-                if t.precision == Precision::Bf16 {
+                if t.precision.kind() == tch::Kind::BFloat16 {
                     adapters.store_mut().vs.bfloat16();
                 }
                 Some(adapters)
