@@ -24,8 +24,8 @@ if [ ! -f tests/fixtures/data/vae/bfl_outputs.safetensors ]; then
     echo "[test] making autoencoder fixtures from diffusers"
     .venv/bin/python tests/fixtures/make_vae_fixtures.py tests/fixtures/data/vae
 fi
-if [ ! -f tests/fixtures/data/fp8/linear.safetensors ]; then
-    echo "[test] making float8 linear fixtures from torchao"
+if [ ! -f tests/fixtures/data/fp8/bad_shape.safetensors ]; then
+    echo "[test] making float8 linear fixtures from torchao and float8 weight files"
     .venv/bin/python tests/fixtures/make_fp8_fixtures.py
 fi
 if [ ! -f tests/fixtures/data/scheduler.json ]; then

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use common::{flux_hpc, ok, python, records, temp_dir, train};
 use flux_data::checkpoint;
+use flux_data::convert::SafetensorsReader;
 use flux_model::{DiffusionBatch, DiffusionModel, Flux, FluxConfig};
 use flux_train::RunConfig;
 use tch::{Device, Tensor};
@@ -147,5 +148,86 @@ fn weights_that_do_not_fit_the_config_are_refused_before_writing() {
         "{stderr}"
     );
     assert!(!out_dir.exists(), "nothing written");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn float8_weight_files_read_as_torch_reads_them_and_hostile_scales_are_refused() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/fp8");
+    // Every byte of both float8 formats decodes to torch's value (NaNs where torch has them).
+    let bytes = SafetensorsReader::open(&fixtures.join("bytes.safetensors")).unwrap();
+    for format in ["e4m3", "e5m2"] {
+        let (ours, torch) = (
+            bytes.read_f32(format).unwrap(),
+            bytes.read_f32(&format!("{format}_values")).unwrap(),
+        );
+        for (i, (a, b)) in ours.iter().zip(&torch).enumerate() {
+            assert!(
+                a == b || (a.is_nan() && b.is_nan()),
+                "{format} byte {i}: {a} vs {b}"
+            );
+        }
+    }
+
+    // A plain e4m3 export of a BFL file and a ComfyUI scaled-fp8 file convert to native weights
+    // whose BFL export equals torch's dequantization exactly (f32: the same products).
+    let dir = temp_dir("fp8-files");
+    let config = "tests/fixtures/data/flux_guidance_on/config.toml";
+    for name in ["bfl_e4m3", "comfy_scaled"] {
+        let (native, back) = (dir.join(name), dir.join(format!("{name}.bfl.safetensors")));
+        let file = fixtures.join(format!("{name}.safetensors"));
+        for (from, to, input, output) in [
+            ("bfl", "native", file.as_path(), native.as_path()),
+            ("native", "bfl", native.as_path(), back.as_path()),
+        ] {
+            let mut args = vec!["convert", "--from", from, "--to", to];
+            args.extend([input.to_str().unwrap(), output.to_str().unwrap()]);
+            args.extend(["--dtype", "f32", "--config", config]);
+            ok(&flux_hpc(&args));
+        }
+        let read = |p: &std::path::Path| -> HashMap<String, Tensor> {
+            Tensor::read_safetensors(p).unwrap().into_iter().collect()
+        };
+        let (ours, torch) = (
+            read(&back),
+            read(&fixtures.join(format!("{name}.reference.safetensors"))),
+        );
+        assert_eq!(
+            ours.len(),
+            torch.len(),
+            "{name}: scales and marker are not weights"
+        );
+        for (key, t) in &torch {
+            let t = t.to_kind(tch::Kind::Float);
+            assert!(ours[key].equal(&t), "{name}: `{key}` differs from torch's");
+        }
+    }
+
+    // A scale of 0, NaN or the wrong shape is refused, naming it.
+    for (name, says) in [
+        ("bad_zero", "holds 0"),
+        ("bad_nan", "holds NaN"),
+        ("bad_shape", "has shape [2, 2]"),
+    ] {
+        let file = fixtures.join(format!("{name}.safetensors"));
+        let out = flux_hpc(&[
+            "convert",
+            "--from",
+            "bfl",
+            "--to",
+            "native",
+            file.to_str().unwrap(),
+            dir.join(name).to_str().unwrap(),
+            "--config",
+            config,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name} was accepted");
+        assert!(
+            stderr.contains("`proj.scale_weight`") && stderr.contains(says),
+            "{name}: {stderr}"
+        );
+        assert!(!dir.join(name).exists(), "{name}: nothing is written");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -6,6 +6,7 @@
 //! Every conversion reads the source's logical native tensors in parameter order and hands each
 //! to the sink, so resident memory stays a few copies of the largest tensor, not the model.
 
+mod fp8;
 mod safetensors_stream;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

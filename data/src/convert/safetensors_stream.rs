@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
+use crate::convert::fp8;
 use crate::dataset::{StorageDtype, Values};
 use crate::error::{io, DataError};
 use crate::files;
@@ -21,7 +22,7 @@ const MAX_HEADER: u64 = 100 << 20;
 /// Where one tensor lies in a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
-    /// safetensors dtype name (`F32`, `BF16`, `F16`, `F64`).
+    /// safetensors dtype name (`F32`, `BF16`, `F16`, `F64`, `F8_E4M3`, `F8_E5M2`).
     pub dtype: String,
     /// Shape.
     pub shape: Vec<usize>,
@@ -36,6 +37,8 @@ pub struct SafetensorsReader {
     data_start: u64,
     tensors: BTreeMap<String, TensorInfo>,
     metadata: BTreeMap<String, String>,
+    /// The scale of each float8 weight of a scaled-fp8 file, by weight name.
+    scales: BTreeMap<String, Vec<f32>>,
 }
 
 fn width(dtype: &str) -> Option<u64> {
@@ -43,6 +46,7 @@ fn width(dtype: &str) -> Option<u64> {
         "F32" => Some(4),
         "BF16" | "F16" => Some(2),
         "F64" => Some(8),
+        "F8_E4M3" | "F8_E5M2" => Some(1),
         _ => None,
     }
 }
@@ -81,6 +85,8 @@ impl SafetensorsReader {
     /// JSON object without duplicate names, every tensor's dtype a float type flux-hpc reads,
     /// its byte count matching its shape, and the byte ranges tiling the data section exactly
     /// (from 0, no gap, no overlap, to the end of the file). Never panics on hostile input.
+    /// A scaled-fp8 file (ComfyUI's) reads as the weights it stands for: each `scale_weight` is
+    /// checked and folded into its weight, and the scales and marker are not listed.
     pub fn open(path: &Path) -> Result<Self, DataError> {
         let bad = |message: String| DataError::format(path, message);
         let file = files::open_regular(path)?;
@@ -94,13 +100,22 @@ impl SafetensorsReader {
         let data_start = 8 + header_len;
         let Header { tensors, metadata } =
             parse_header(&header, file_len - data_start).map_err(bad)?;
-        Ok(Self {
+        let mut reader = Self {
             path: path.to_path_buf(),
             file,
             data_start,
             tensors,
             metadata,
+            scales: BTreeMap::new(),
+        };
+        let mut tensors = reader.tensors.clone();
+        let scales = fp8::fold_scales(&mut tensors, |name| {
+            reader.read_f32(name).map_err(|e| e.to_string())
         })
+        .map_err(bad)?;
+        reader.tensors = tensors;
+        reader.scales = scales;
+        Ok(reader)
     }
 
     /// The header's `__metadata__` entries.
@@ -176,7 +191,11 @@ impl SafetensorsReader {
         self.file
             .read_exact_at(&mut bytes, self.data_start + info.range.0)
             .map_err(io(&self.path))?;
-        Ok(decode_f32(&info.dtype, &bytes))
+        let mut values = decode_f32(&info.dtype, &bytes);
+        if let Some(scale) = self.scales.get(name) {
+            fp8::apply_scale(&mut values, scale);
+        }
+        Ok(values)
     }
 }
 
@@ -269,6 +288,8 @@ fn decode_f32(dtype: &str, bytes: &[u8]) -> Vec<f32> {
             .collect(),
         "BF16" => Values::Bf16(pairs().collect()).to_f32(),
         "F16" => pairs().map(|b| half::f16::from_bits(b).to_f32()).collect(),
+        "F8_E4M3" => bytes.iter().map(|&b| fp8::e4m3_to_f32(b)).collect(),
+        "F8_E5M2" => bytes.iter().map(|&b| fp8::e5m2_to_f32(b)).collect(),
         _ => bytes
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
