@@ -189,6 +189,30 @@ struct Float8Linear : public torch::autograd::Function<Float8Linear> {
   }
 };
 
+// A frozen linear whose weight is held in e4m3 with per-row scales: y = x (data · scale)ᵀ, the
+// weight widened to x's dtype for the product and again for the input gradient, so the graph
+// keeps the float8 weight rather than a widened copy of it. The weight gets no gradient.
+struct FrozenFloat8Linear : public torch::autograd::Function<FrozenFloat8Linear> {
+  static at::Tensor widened(const at::Tensor& data, const at::Tensor& scale, at::ScalarType dtype) {
+    return (data.to(at::kFloat) * scale).to(dtype);
+  }
+
+  // x [.., K], data [N, K] e4m3, scale [N, 1] f32 → [.., N].
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& data, const at::Tensor& scale) {
+    ctx->save_for_backward({data, scale});
+    return at::linear(x, widened(data, scale, x.scalar_type()));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& g = grads[0];
+    return {at::matmul(g, widened(saved[0], saved[1], g.scalar_type())), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 template <typename F>
 at::Tensor* guarded(F&& f) {
   try {
@@ -212,6 +236,12 @@ at::Tensor* flux_fp8_linear(const at::Tensor* x, const at::Tensor* w, const int6
     return Float8Linear::apply(*x, *w, codes, flags, reinterpret_cast<int64_t>(fn),
                                reinterpret_cast<int64_t>(handle));
   });
+}
+
+// `x [.., K] · (data · scale)ᵀ` for a frozen e4m3 weight `data [N, K]` with scales `[N, 1]`.
+at::Tensor* flux_fp8_frozen_linear(const at::Tensor* x, const at::Tensor* data,
+                                   const at::Tensor* scale) {
+  return guarded([&] { return FrozenFloat8Linear::apply(*x, *data, *scale); });
 }
 
 const char* flux_fp8_last_error() { return last_error.c_str(); }

@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use common::threads::ThreadGroup;
 
 use flux_macros::diffusion_block;
-use flux_model::float8::{convert, Float8Gemm, Float8Recipe, Float8Settings};
+use flux_model::execution::residency::storage_present;
+use flux_model::float8::{convert, Float8Gemm, Float8Recipe, Float8Settings, Float8Weight};
 use flux_model::tp::{Linear, ShardedStore, TpContext};
 use flux_model::{Block, DiffusionBatch};
 use tch::{Device, Kind, Tensor};
@@ -312,4 +313,47 @@ fn a_named_linear_whose_sides_are_not_multiples_of_16_is_refused_by_name() {
         err.to_string().contains("[40,") || err.to_string().contains(", 40]"),
         "{err}"
     );
+}
+
+#[test]
+fn a_frozen_weight_held_in_float8_gives_the_widened_weights_product_and_input_gradient() {
+    let f = fixtures();
+    let dims = Dims {
+        width: 64,
+        hidden: 48,
+    };
+    let specs = One::param_specs("", &dims, 1);
+    let (mut store, one) = ShardedStore::build(
+        Device::Cpu,
+        Kind::BFloat16,
+        TpContext::single(),
+        specs,
+        |p, tp| One::new(p, &dims, tp),
+    )
+    .unwrap();
+    let weights = HashMap::from([
+        ("proj.weight".to_string(), f["w"].shallow_clone()),
+        ("proj.bias".to_string(), f["b"].shallow_clone()),
+    ]);
+    store.load_logical(&weights).unwrap();
+    store.vs.freeze();
+    let held = Float8Weight::quantize(&f["w"]);
+    let widened = held.dequantize(Kind::BFloat16);
+    assert_eq!(one.proj.hold_in_float8(), 48 * 64 + 4 * 48);
+    assert!(
+        !storage_present(&one.proj.weight),
+        "the bf16 weight is given back"
+    );
+
+    let x = f["x"].copy().set_requires_grad(true);
+    let y = one.forward(&x);
+    backward(&y, &f["dy"]);
+    let x_ref = f["x"].copy().set_requires_grad(true);
+    let y_ref = x_ref.matmul(&widened.tr()) + &f["b"];
+    backward(&y_ref, &f["dy"]);
+    assert!(y.detach().equal(&y_ref.detach()), "output");
+    assert!(x.grad().equal(&x_ref.grad()), "input gradient");
+    // Widening loses at most e4m3's 2⁻⁴ of each row's entries against the bf16 weight.
+    let err = max_abs(&(widened.to_kind(Kind::Float) - f["w"].to_kind(Kind::Float)));
+    assert!(err <= max_abs(&f["w"]) / 16.0, "{err}");
 }

@@ -1,26 +1,11 @@
 //! A linear's product `x Wᵀ` through float8 GEMMs (`csrc/fp8_linear.cpp`), with its scales
 //! agreed over the tensor-parallel group.
 
-use std::ffi::CStr;
-use std::os::raw::c_char;
-
 use tch::Tensor;
-use torch_sys::C_tensor;
 
+use crate::float8::ffi;
 use crate::float8::Float8Recipe;
-use crate::tp::{AmaxFn, Shard, TpContext};
-
-extern "C" {
-    fn flux_fp8_linear(
-        x: *const C_tensor,
-        w: *const C_tensor,
-        casts: *const i64,
-        flags: i64,
-        fn_: AmaxFn,
-        handle: *mut std::ffi::c_void,
-    ) -> *mut C_tensor;
-    fn flux_fp8_last_error() -> *const c_char;
-}
+use crate::tp::{Shard, TpContext};
 
 /// How one linear runs its GEMMs in float8: the recipe's casts for the layer's split.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,23 +36,17 @@ impl Float8Gemm {
     pub fn product(&self, x: &Tensor, w: &Tensor, tp: &TpContext) -> Tensor {
         let (callback, handle) = tp.amax_hook();
         // SAFETY: `x`, `w` and the codes are live for the call; the handle is the group's, kept
-        // alive by the model through any backward pass; the result is a new tensor we own.
-        let out = unsafe {
-            flux_fp8_linear(
+        // alive by the model through any backward pass; the result is checked at once.
+        unsafe {
+            let out = ffi::flux_fp8_linear(
                 x.as_ptr(),
                 w.as_ptr(),
                 self.casts.as_ptr(),
                 self.flags,
                 callback,
                 handle,
-            )
-        };
-        if out.is_null() {
-            // SAFETY: the C++ side keeps the message alive until its next error on this thread.
-            let message = unsafe { CStr::from_ptr(flux_fp8_last_error()) }.to_string_lossy();
-            panic!("float8 linear failed: {message}");
+            );
+            ffi::returned(out, "float8 linear")
         }
-        // SAFETY: a non-null result is a freshly allocated tensor.
-        unsafe { Tensor::from_ptr(out) }
     }
 }

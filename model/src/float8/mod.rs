@@ -6,12 +6,16 @@
 //! - [`Float8Gemm`]: one linear's float8 product, its scales agreed over the tensor-parallel
 //!   group (`csrc/fp8_linear.cpp`).
 //! - [`convert`]: the framework's swap, once for every model: which linears go to float8.
+//! - [`Float8Weight`], [`hold_frozen_in_float8`]: a frozen base held in e4m3 (LoRA's fp8 base).
 
+mod ffi;
 mod gemm;
 mod recipe;
+mod weight;
 
 pub use gemm::Float8Gemm;
 pub use recipe::Float8Recipe;
+pub use weight::Float8Weight;
 
 use crate::execution::residency::{HEAD, STEM};
 use crate::lora::targets;
@@ -100,4 +104,14 @@ pub fn convert(
 /// Whether both sides of `l`'s local weight are multiples of [`ALIGNMENT`].
 fn aligned(l: &Linear) -> bool {
     l.weight.size().iter().all(|s| s % ALIGNMENT == 0)
+}
+
+/// Hold the weight of every linear of `model` in e4m3 with per-row scales ([`Float8Weight`]),
+/// giving back the memory of the weights themselves: for a frozen base (LoRA), whose weights
+/// no optimizer reads. Each forward pass widens a layer's weight to its dtype while it runs.
+/// Bytes now held by the float8 weights.
+pub fn hold_frozen_in_float8(model: &dyn DiffusionModel) -> u64 {
+    let mut bytes = 0;
+    model.visit_linears(&mut |l| bytes += l.hold_in_float8());
+    bytes
 }

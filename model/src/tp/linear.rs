@@ -5,7 +5,8 @@ use std::cell::OnceCell;
 use tch::nn::Path;
 use tch::Tensor;
 
-use crate::float8::Float8Gemm;
+use crate::execution::residency::release_storage;
+use crate::float8::{Float8Gemm, Float8Weight};
 use crate::lora::Adapter;
 use crate::tp::{creation, GradSync, ParamSpec, Pass, Shard, TpContext};
 
@@ -119,6 +120,8 @@ pub struct Linear {
     tp: TpContext,
     adapter: OnceCell<Adapter>,
     float8: OnceCell<Float8Gemm>,
+    /// The frozen weight in e4m3, when held so (`weight` then holds no memory).
+    frozen: OnceCell<Float8Weight>,
 }
 
 impl Linear {
@@ -155,6 +158,7 @@ impl Linear {
             tp: tp.clone(),
             adapter: OnceCell::new(),
             float8: OnceCell::new(),
+            frozen: OnceCell::new(),
         }
     }
 
@@ -195,18 +199,43 @@ impl Linear {
         self.float8.get()
     }
 
-    /// `x Wᵀ + b` with this rank's weight, in float8 when the layer was switched to it (the bias
-    /// added in the output's precision, as torchao does).
+    /// Hold this frozen layer's weight in e4m3 with per-row scales and give back the memory of
+    /// `weight` (whose shape and dtype stay); later passes widen it to `weight`'s dtype. Bytes
+    /// the float8 copy holds (0 when it was held so already). The weight must not train.
+    pub fn hold_in_float8(&self) -> u64 {
+        assert!(
+            !self.weight.requires_grad(),
+            "`{}`: only a frozen weight is held in float8",
+            self.name
+        );
+        if self.frozen.get().is_some() {
+            return 0;
+        }
+        let held = Float8Weight::quantize(&self.weight);
+        let bytes = held.bytes();
+        release_storage(&self.weight);
+        let _ = self.frozen.set(held);
+        bytes
+    }
+
+    /// `x Wᵀ + b` with this rank's weight (widened from float8 where it is held so), in float8
+    /// GEMMs when the layer was switched to them (the bias added in the output's precision, as
+    /// torchao does).
     fn product(&self, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
-        match self.float8.get() {
-            None => x.linear(&self.weight, bias),
-            Some(gemm) => {
-                let y = gemm.product(x, &self.weight, &self.tp);
-                match bias {
-                    Some(b) => y + b,
-                    None => y,
+        let y = match (self.frozen.get(), self.float8.get()) {
+            (Some(held), None) => held.product(x),
+            (held, gemm) => {
+                let widened = held.map(|h| h.dequantize(self.weight.kind()));
+                let weight = widened.as_ref().unwrap_or(&self.weight);
+                match gemm {
+                    None => return x.linear(weight, bias),
+                    Some(gemm) => gemm.product(x, weight, &self.tp),
                 }
             }
+        };
+        match bias {
+            Some(b) => y + b,
+            None => y,
         }
     }
 

@@ -475,8 +475,10 @@ pub struct LoraConfig {
     /// seeded random initialisation (tests, smoke runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<PathBuf>,
-    /// `fp32` or `bf16`: the frozen base's dtype. `bf16` halves its memory while the adapters
-    /// keep `[training] precision` (their updates are computed in it and cast to the base's).
+    /// `fp32`, `bf16` or `fp8`: the frozen base's dtype. `bf16` halves its memory while the
+    /// adapters keep `[training] precision` (their updates are computed in it and cast to the
+    /// base's); `fp8` holds the base's linear weights in e4m3 with per-row scales (half of
+    /// bf16's), widened to bf16 layer by layer as they run, the rest of the base in bf16.
     #[serde(default = "LoraConfig::default_base_precision")]
     pub base_precision: Precision,
     /// An adapter file to start from instead of fresh adapters (`A` random, `B` zero): diffusers
@@ -510,11 +512,6 @@ impl LoraConfig {
             self.base.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),
             "lora.base",
             || "is empty; name a native checkpoint or leave the key out".into(),
-        )?;
-        ConfigError::check(
-            self.base_precision != Precision::Fp8,
-            "lora.base_precision",
-            || "\"fp8\" is not available for a frozen base yet; use \"fp32\" or \"bf16\"".into(),
         )?;
         ConfigError::check(
             self.init.as_ref().is_none_or(|b| !b.as_os_str().is_empty()),

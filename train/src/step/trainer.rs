@@ -222,8 +222,14 @@ impl<'a> Trainer<'a> {
                     load_base(model.store_mut(), base, run.model.architecture())?;
                 }
                 model.store_mut().vs.freeze();
-                if lora.base_precision == Precision::Bf16 {
-                    model.store_mut().vs.bfloat16();
+                match lora.base_precision {
+                    Precision::Fp32 => {}
+                    Precision::Bf16 => model.store_mut().vs.bfloat16(),
+                    Precision::Fp8 => {
+                        model.store_mut().vs.bfloat16();
+                        let bytes = flux_model::float8::hold_frozen_in_float8(model.as_ref());
+                        tracing::info!("frozen base linears held in float8: {bytes} bytes");
+                    }
                 }
                 let mut adapters =
                     Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
