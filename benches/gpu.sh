@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # flux_535m at 1024×1024 (4096 image + 512 text tokens) in bf16 on one CUDA GPU: samples/s and
 # model FLOPs utilisation of a training step and of a forward pass, against the same GPU's
-# measured bf16 matmul rate, and the step's peak tensor memory against `flux-hpc plan`; then the encoders on the GPU (T5 parity in f32 and bf16, `data
-# encode` throughput against diffusers + transformers), fully sharded training of two ranks
-# sharing the GPU against one process, and NCCL through c10d (every collective on CUDA tensors,
-# nothing staged through host memory). Prints a table and four reports.
+# measured bf16 matmul rate, and the step's peak tensor memory against `flux-hpc plan`; the same
+# training step in fp8 (float8 GEMMs, torchao's tensorwise recipe) against bf16; then the
+# encoders on the GPU (T5 parity in f32 and bf16, `data encode` throughput against diffusers +
+# transformers), fully sharded training of two ranks sharing the GPU against one process, and
+# NCCL through c10d (every collective on CUDA tensors, nothing staged through host memory).
+# Prints a table and four reports.
 #
 #   bash benches/gpu.sh                   # MICRO=8 STEPS=10
 #
@@ -25,10 +27,11 @@ common=(configs/flux_535m.toml --device cuda --steps "$STEPS" --warmup 3 "${shap
 peak=$("$BIN" bench matmul --device cuda --bf16 --size 8192 --repeats 20 2>/dev/null)
 step=$("$BIN" bench step "${common[@]}" 2>/dev/null)
 forward=$("$BIN" bench forward "${common[@]}" 2>/dev/null)
+fp8=$("$BIN" bench step "${common[@]}" --set training.precision=\"fp8\" 2>/dev/null)
 
-python3 - "$peak" "$step" "$forward" <<'PY'
+python3 - "$peak" "$step" "$forward" "$fp8" <<'PY'
 import json, sys
-peak, step, forward = (json.loads(a) for a in sys.argv[1:])
+peak, step, forward, fp8 = (json.loads(a) for a in sys.argv[1:])
 rate = peak["flops_per_s"]
 print(f"flux_535m, 1024² (4096 + 512 tokens), bf16, batch {step['samples']}, {step['device']}")
 print(f"{'':<14}{'median s':>10}{'samples/s':>11}{'TFLOP/s':>9}{'MFU':>7}")
@@ -38,6 +41,8 @@ for name, r in (("training step", step), ("forward", forward)):
           f"{achieved / 1e12:>9.1f}{achieved / rate:>7.0%}")
 print(f"{'bf16 matmul':<14}{'':>10}{'':>11}{rate / 1e12:>9.1f}  (8192², the MFU denominator)")
 print(f"peak host RSS {step['peak_rss_mib']:.0f} MiB")
+print(f"fp8 training step {fp8['median_s']:.4f} s ({step['median_s'] / fp8['median_s']:.2f}× bf16's), "
+      f"peak tensors {fp8['peak_tensor_mib']:.0f} MiB against bf16's {step['peak_tensor_mib']:.0f}")
 PY
 # The memory plan against the caching allocator's peak of the same training step.
 "$BIN" plan configs/flux_535m.toml --gpus 1 --kernels cuda --json "${shape[@]}" |
