@@ -4,6 +4,7 @@
 
 fn main() {
     flux_build::link_libtorch_rpath();
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     flux_build::compile_libtorch_cpp(
         "flux_autograd_nodes",
         &[

@@ -18,6 +18,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "guarded.h"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -213,15 +215,6 @@ struct FrozenFloat8Linear : public torch::autograd::Function<FrozenFloat8Linear>
   }
 };
 
-template <typename F>
-at::Tensor* guarded(F&& f) {
-  try {
-    return new at::Tensor(f());
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return nullptr;
-  }
-}
 
 }  // namespace
 
@@ -231,7 +224,7 @@ extern "C" {
 // group's maximum is taken through `fn(handle, amax)` for every cast marked to reduce.
 at::Tensor* flux_fp8_linear(const at::Tensor* x, const at::Tensor* w, const int64_t* casts,
                             int64_t flags, amax_fn fn, void* handle) {
-  return guarded([&] {
+  return flux::guarded(last_error, [&] {
     std::vector<int64_t> codes(casts, casts + 6);
     return Float8Linear::apply(*x, *w, codes, flags, reinterpret_cast<int64_t>(fn),
                                reinterpret_cast<int64_t>(handle));
@@ -241,7 +234,8 @@ at::Tensor* flux_fp8_linear(const at::Tensor* x, const at::Tensor* w, const int6
 // `x [.., K] · (data · scale)ᵀ` for a frozen e4m3 weight `data [N, K]` with scales `[N, 1]`.
 at::Tensor* flux_fp8_frozen_linear(const at::Tensor* x, const at::Tensor* data,
                                    const at::Tensor* scale) {
-  return guarded([&] { return FrozenFloat8Linear::apply(*x, *data, *scale); });
+  return flux::guarded(last_error,
+                       [&] { return FrozenFloat8Linear::apply(*x, *data, *scale); });
 }
 
 const char* flux_fp8_last_error() { return last_error.c_str(); }

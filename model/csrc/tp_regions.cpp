@@ -13,6 +13,8 @@
 // rank-major so that the callbacks move flat contiguous buffers.
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "guarded.h"
+
 #include <cstdint>
 #include <string>
 
@@ -141,28 +143,19 @@ struct SequenceRegion : public torch::autograd::Function<SequenceRegion> {
   }
 };
 
-template <typename F>
-at::Tensor* guarded(F&& f) {
-  try {
-    return new at::Tensor(f());
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return nullptr;
-  }
-}
 
 }  // namespace
 
 extern "C" {
 
 at::Tensor* flux_tp_copy_to_region(const at::Tensor* x, reduce_fn fn, void* handle) {
-  return guarded([&] {
+  return flux::guarded(last_error, [&] {
     return CopyToRegion::apply(*x, reinterpret_cast<int64_t>(fn), reinterpret_cast<int64_t>(handle));
   });
 }
 
 at::Tensor* flux_tp_reduce_from_region(const at::Tensor* x, reduce_fn fn, void* handle) {
-  return guarded([&] {
+  return flux::guarded(last_error, [&] {
     return ReduceFromRegion::apply(*x, reinterpret_cast<int64_t>(fn), reinterpret_cast<int64_t>(handle));
   });
 }
@@ -170,7 +163,7 @@ at::Tensor* flux_tp_reduce_from_region(const at::Tensor* x, reduce_fn fn, void* 
 at::Tensor* flux_tp_sequence_region(const at::Tensor* x, int64_t forward_op, int64_t backward_op,
                                      int64_t dim, int64_t rank, int64_t size, sequence_fn fn,
                                      void* handle) {
-  return guarded([&] {
+  return flux::guarded(last_error, [&] {
     SequenceArgs args{dim, rank, size, reinterpret_cast<int64_t>(fn),
                       reinterpret_cast<int64_t>(handle)};
     return SequenceRegion::apply(*x, forward_op, backward_op, args);

@@ -80,6 +80,29 @@ fn fixtures() -> HashMap<String, Tensor> {
         .collect()
 }
 
+/// The fixture's bf16 linear (48 × 64, with bias) on one process.
+fn fixture_linear(f: &HashMap<String, Tensor>) -> (ShardedStore, One) {
+    let dims = Dims {
+        width: 64,
+        hidden: 48,
+    };
+    let specs = One::param_specs("", &dims, 1);
+    let (mut store, one) = ShardedStore::build(
+        Device::Cpu,
+        Kind::BFloat16,
+        TpContext::single(),
+        specs,
+        |p, tp| One::new(p, &dims, tp),
+    )
+    .unwrap();
+    let weights = HashMap::from([
+        ("proj.weight".to_string(), f["w"].shallow_clone()),
+        ("proj.bias".to_string(), f["b"].shallow_clone()),
+    ]);
+    store.load_logical(&weights).unwrap();
+    (store, one)
+}
+
 fn max_abs(t: &Tensor) -> f64 {
     t.abs().max().to_kind(Kind::Float).double_value(&[])
 }
@@ -87,25 +110,8 @@ fn max_abs(t: &Tensor) -> f64 {
 #[test]
 fn each_recipe_equals_torchao_float8_linear() {
     let f = fixtures();
-    let dims = Dims {
-        width: 64,
-        hidden: 48,
-    };
     for recipe in RECIPES {
-        let specs = One::param_specs("", &dims, 1);
-        let (mut store, one) = ShardedStore::build(
-            Device::Cpu,
-            Kind::BFloat16,
-            TpContext::single(),
-            specs,
-            |p, tp| One::new(p, &dims, tp),
-        )
-        .unwrap();
-        let weights = HashMap::from([
-            ("proj.weight".to_string(), f["w"].shallow_clone()),
-            ("proj.bias".to_string(), f["b"].shallow_clone()),
-        ]);
-        store.load_logical(&weights).unwrap();
+        let (_store, one) = fixture_linear(&f);
         one.proj
             .use_float8(Float8Gemm::new(recipe, one.proj.shard(), 1))
             .unwrap();
@@ -318,24 +324,7 @@ fn a_named_linear_whose_sides_are_not_multiples_of_16_is_refused_by_name() {
 #[test]
 fn a_frozen_weight_held_in_float8_gives_the_widened_weights_product_and_input_gradient() {
     let f = fixtures();
-    let dims = Dims {
-        width: 64,
-        hidden: 48,
-    };
-    let specs = One::param_specs("", &dims, 1);
-    let (mut store, one) = ShardedStore::build(
-        Device::Cpu,
-        Kind::BFloat16,
-        TpContext::single(),
-        specs,
-        |p, tp| One::new(p, &dims, tp),
-    )
-    .unwrap();
-    let weights = HashMap::from([
-        ("proj.weight".to_string(), f["w"].shallow_clone()),
-        ("proj.bias".to_string(), f["b"].shallow_clone()),
-    ]);
-    store.load_logical(&weights).unwrap();
+    let (mut store, one) = fixture_linear(&f);
     store.vs.freeze();
     let held = Float8Weight::quantize(&f["w"]);
     let widened = held.dequantize(Kind::BFloat16);
