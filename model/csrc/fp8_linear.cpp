@@ -90,12 +90,28 @@ Scaled to_float8(const at::Tensor& hp, Cast cast, int64_t axis, bool pow2, const
 
 bool row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1); }
 
+// Pad the inner dimension K of `a [M, K]` (row-major) and `b [K, N]` (column-major) with zeros to a
+// multiple of 16, which GPU float8 GEMMs need (as torchao's `pad_inner_dim`): the weight
+// gradient's inner dimension is the token count, which need not be one. Zeros add nothing; the
+// layouts stay. Float8 bytes are padded as bytes (0 is +0 in both formats).
+void pad_inner(at::Tensor& a, at::Tensor& b) {
+  const int64_t k = a.size(1), pad = (16 - k % 16) % 16;
+  if (pad == 0) return;
+  auto zeros = [pad](const at::Tensor& rows) {
+    return at::constant_pad_nd(rows.view(at::kByte), {0, pad}).view(rows.scalar_type());
+  };
+  a = zeros(a);
+  b = zeros(b.t().contiguous()).t();
+}
+
 // `a [M, K] · b [K, N]` in `out` dtype, laid out and scaled as torchao's float8 mm leaves them:
-// a row-major, b column-major, a tensorwise scale beside an axiswise one repeated to a row or
-// column, and an axiswise product without fast accumulation scaled after the GEMM.
+// a row-major, b column-major, the inner dimension padded to a multiple of 16, a tensorwise scale
+// beside an axiswise one repeated to a row or column, and an axiswise product without fast
+// accumulation scaled after the GEMM.
 at::Tensor scaled_mm(const Scaled& a, const Scaled& b, at::ScalarType out, bool fast_accum) {
   auto a_data = row_major(a.data) ? a.data : a.data.contiguous();
   auto b_data = row_major(b.data) ? b.data.t().contiguous().t() : b.data;
+  pad_inner(a_data, b_data);
   auto a_scale = a.scale, b_scale = b.scale;
   if (!a.axiswise && b.axiswise) a_scale = a_scale.repeat({a_data.size(0)}).reshape({-1, 1});
   if (a.axiswise && !b.axiswise) b_scale = b_scale.repeat({b_data.size(1)}).reshape({1, -1});

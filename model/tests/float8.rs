@@ -346,3 +346,35 @@ fn a_frozen_weight_held_in_float8_gives_the_widened_weights_product_and_input_gr
     let err = max_abs(&(widened.to_kind(Kind::Float) - f["w"].to_kind(Kind::Float)));
     assert!(err <= max_abs(&f["w"]) / 16.0, "{err}");
 }
+
+#[test]
+fn a_token_count_that_is_not_a_multiple_of_16_gives_what_zero_padding_gives() {
+    // 2 × 20 tokens: the weight gradient's inner dimension (40) is padded to 48 for the float8
+    // GEMM, which must give exactly what 8 more tokens of zeros (input and gradient) give.
+    let f = fixtures();
+    let x = f["x"].narrow(1, 0, 20);
+    let dy = f["dy"].narrow(1, 0, 20);
+    let zeros = |t: &Tensor| Tensor::zeros([2, 4, t.size()[2]], (t.kind(), Device::Cpu));
+    let (x_padded, dy_padded) = (
+        Tensor::cat(&[&x, &zeros(&x)], 1),
+        Tensor::cat(&[&dy, &zeros(&dy)], 1),
+    );
+    for recipe in RECIPES {
+        let run = |x: &Tensor, dy: &Tensor| {
+            let (_store, one) = fixture_linear(&f);
+            one.proj
+                .use_float8(Float8Gemm::new(recipe, one.proj.shard(), 1))
+                .unwrap();
+            let x = x.copy().set_requires_grad(true);
+            let y = one.forward(&x);
+            backward(&y, dy);
+            (y.detach(), x.grad(), one.proj.weight.grad())
+        };
+        let (y, dx, dw) = run(&x, &dy);
+        let (y_p, dx_p, dw_p) = run(&x_padded, &dy_padded);
+        let name = recipe.name();
+        assert!(y.equal(&y_p.narrow(1, 0, 20)), "{name}: output");
+        assert!(dx.equal(&dx_p.narrow(1, 0, 20)), "{name}: input gradient");
+        assert!(dw.equal(&dw_p), "{name}: weight gradient");
+    }
+}
