@@ -336,3 +336,38 @@ fn sequence_parallelism_is_refused_where_it_cannot_apply() {
     // flux_tiny's 64 image and 8 text tokens split over 2 ranks.
     RunConfig::parse(&tiny, "flux_tiny.toml", &sp.map(String::from)).unwrap();
 }
+
+#[test]
+fn the_fp8_table_needs_fp8_precision_and_names_a_bad_recipe() {
+    use flux_model::float8::Float8Recipe;
+    let text = std::fs::read_to_string(config_path("flux_tiny.toml")).unwrap();
+    let load = |overrides: &[&str]| {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        RunConfig::parse(&text, "flux_tiny.toml", &overrides)
+    };
+    // Without the table, fp8 precision takes torchao's default recipe and the layer stacks.
+    let run = load(&["training.precision=\"fp8\""]).unwrap();
+    let settings = run.float8().unwrap();
+    assert_eq!(settings.recipe, Float8Recipe::Tensorwise);
+    assert!(settings.targets.is_empty());
+    let run = load(&["training.precision=\"fp8\"", "fp8.recipe=\"rowwise_gw_hp\""]).unwrap();
+    assert_eq!(run.float8().unwrap().recipe, Float8Recipe::RowwiseGwHp);
+    assert!(load(&["training.precision=\"bf16\""])
+        .unwrap()
+        .float8()
+        .is_none());
+
+    let err = load(&["fp8.recipe=\"rowwise\""]).unwrap_err().to_string();
+    assert!(
+        err.contains("fp8") && err.contains("precision = \"fp8\""),
+        "{err}"
+    );
+    let err = parse_err(
+        &text,
+        &["training.precision=\"fp8\"", "fp8.recipe=\"delayed\""],
+    );
+    assert!(
+        err.contains("delayed") && err.contains("tensorwise"),
+        "{err}"
+    );
+}
