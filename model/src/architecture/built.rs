@@ -6,15 +6,22 @@ use std::cell::Cell;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::architecture::{DiffusionBatch, DiffusionModel, InputError, ModelConfig};
+use crate::architecture::{
+    check_sequence_split, DiffusionBatch, DiffusionModel, InputError, InputSpec, ModelConfig,
+};
 use crate::execution::{residency, run_model, LayerStack};
 use crate::tp::{Linear, ShardedStore, TpContext};
 use crate::{Block, ConfigError};
 
 /// The root block of an architecture (`FluxTransformer`, `DitTransformer`, …).
 pub trait RootBlock: Block + std::fmt::Debug {
-    /// The prediction `[B, C, H, W]` for `batch` (checked against the model's inputs); `train`
-    /// enables dropout. Its `#[layers]` fields run their blocks through
+    /// The inputs the model declares, which every batch is checked against before
+    /// [`RootBlock::forward_batch`] sees it.
+    fn inputs(&self) -> InputSpec;
+
+    /// The prediction `[B, C, H, W]` for `batch`, already checked against
+    /// [`RootBlock::inputs`] (shapes, the conditioning the model reads, and under sequence
+    /// parallelism token counts the group divides); `train` enables dropout. Its `#[layers]` fields run their blocks through
     /// [`crate::execution::Layers::run`]; the parameters declared before the first of them are
     /// the stem, those after the last the head.
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError>;
@@ -105,6 +112,9 @@ impl<T: RootBlock> DiffusionModel for Built<T> {
     }
 
     fn forward(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
+        let (rows, cols) = self.transformer.inputs().check(batch)?;
+        let text = batch.text.as_ref().map_or(0, |t| t.size()[1]);
+        check_sequence_split(self.store.tp(), &[("latents", rows * cols), ("text", text)])?;
         self.run(train, |t| t.forward_batch(batch, train))
     }
 

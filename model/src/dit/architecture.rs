@@ -6,7 +6,7 @@ use tch::Tensor;
 use crate::activations::Width;
 use crate::activations::{diffusion_io, modulated_stream, Activations, LayerActivations, Saved};
 use crate::architecture::{
-    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
+    DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::dit::{DitConfig, DitTransformer};
 use crate::flops::{Attention, Rows};
@@ -149,9 +149,11 @@ impl ModelConfig for DitConfig {
 }
 
 impl RootBlock for DitTransformer {
+    fn inputs(&self) -> InputSpec {
+        self.config().inputs()
+    }
+
     fn forward_batch(&self, batch: &DiffusionBatch, _train: bool) -> Result<Tensor, InputError> {
-        let (rows, cols) = self.config().inputs().check(batch)?;
-        check_sequence_split(self.x_embedder.tp(), &[("latents", rows * cols)])?;
         let pooled = batch
             .pooled
             .as_ref()

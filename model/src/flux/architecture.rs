@@ -5,7 +5,7 @@ use tch::Tensor;
 
 use crate::activations::Activations;
 use crate::architecture::{
-    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
+    DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
@@ -165,16 +165,15 @@ impl ModelConfig for FluxConfig {
 }
 
 impl RootBlock for FluxTransformer {
+    fn inputs(&self) -> InputSpec {
+        self.config().inputs()
+    }
+
     fn forward_batch(&self, batch: &DiffusionBatch, train: bool) -> Result<Tensor, InputError> {
-        let (rows, cols) = self.config().inputs().check(batch)?;
         let (text, pooled) = match (&batch.text, &batch.pooled) {
             (Some(text), Some(pooled)) => (text, pooled),
             _ => unreachable!("InputSpec::check requires both"),
         };
-        check_sequence_split(
-            self.x_embedder.tp(),
-            &[("latents", rows * cols), ("text", text.size()[1])],
-        )?;
         Ok(self.forward(
             &batch.latents,
             text,

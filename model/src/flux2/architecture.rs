@@ -7,7 +7,7 @@ use crate::activations::{
     diffusion_io, joint_layer, single_stream_layer, Activations, Saved, Width,
 };
 use crate::architecture::{
-    check_sequence_split, DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
+    DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
 use crate::convert::{Layout, Source};
 use crate::flops::{Attention, Rows};
@@ -216,16 +216,15 @@ impl ModelConfig for Flux2Config {
 }
 
 impl RootBlock for Flux2Transformer {
+    fn inputs(&self) -> InputSpec {
+        self.config().inputs()
+    }
+
     fn forward_batch(&self, batch: &DiffusionBatch, _train: bool) -> Result<Tensor, InputError> {
-        let (rows, cols) = self.config().inputs().check(batch)?;
         let text = batch
             .text
             .as_ref()
             .expect("InputSpec::check requires the text states");
-        check_sequence_split(
-            self.x_embedder.tp(),
-            &[("latents", rows * cols), ("text", text.size()[1])],
-        )?;
         Ok(self.forward(
             &batch.latents,
             text,
