@@ -94,8 +94,7 @@ pub fn fold_scales(
     Ok(scales)
 }
 
-/// `values` (a weight's, row-major, `rows` rows) multiplied by its `scale` (one value or one
-/// per row).
+/// `values` (a weight's, row-major) multiplied by its `scale`: one value, or one per row.
 pub fn apply_scale(values: &mut [f32], scale: &[f32]) {
     let per_row = values.len() / scale.len().max(1);
     for (row, s) in values.chunks_mut(per_row.max(1)).zip(scale.iter().cycle()) {
