@@ -26,7 +26,6 @@ pub mod sampling;
 pub mod scheduler;
 pub mod step;
 
-pub use config::float8::Float8Config;
 pub use config::monitoring::{LoggingConfig, SamplingConfig};
 pub use config::run_config::{ParallelismConfig, RunConfig, RunConfigError, Sharding};
 pub use config::sections::{

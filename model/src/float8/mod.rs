@@ -17,6 +17,8 @@ pub use gemm::Float8Gemm;
 pub use recipe::Float8Recipe;
 pub use weight::Float8Weight;
 
+use serde::{Deserialize, Serialize};
+
 use crate::execution::residency::{HEAD, STEM};
 use crate::lora::targets;
 use crate::tp::Linear;
@@ -26,10 +28,13 @@ use crate::{ConfigError, DiffusionModel};
 /// multiples of it (what `_scaled_mm` needs on GPUs).
 pub const ALIGNMENT: i64 = 16;
 
-/// Which linears run in float8, and how (`[fp8]` of a run config).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Which linears run in float8, and how: the `[fp8]` table of a run config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Float8Settings {
-    /// How their GEMMs scale.
+    /// How their GEMMs scale: `"tensorwise"` (default: one scale per tensor, e5m2 gradients),
+    /// `"rowwise"` or `"rowwise_gw_hp"` (rowwise with the weight gradient in bf16), as
+    /// torchao's recipes.
     pub recipe: Float8Recipe,
     /// Name patterns of the linears (as `[lora] targets`); empty: every linear inside the
     /// model's `#[layers]` stacks whose sides are multiples of [`ALIGNMENT`], leaving the

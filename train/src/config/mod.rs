@@ -1,6 +1,5 @@
 //! The run configuration: `RunConfig` and its tables.
 
-pub(crate) mod float8;
 pub(crate) mod monitoring;
 pub(crate) mod run_config;
 pub(crate) mod sections;

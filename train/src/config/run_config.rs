@@ -21,10 +21,10 @@ use std::path::Path;
 
 use flux_cluster::slurm::SlurmConfig;
 use flux_cluster::{Backend, GroupSizes, LayoutError, Transport};
+use flux_model::float8::Float8Settings;
 use flux_model::{ConfigError, ModelSpec};
 use tch::Device;
 
-use crate::config::float8::Float8Config;
 use crate::config::monitoring::{LoggingConfig, SamplingConfig};
 use crate::config::sections::{
     CheckpointConfig, DataConfig, LoraConfig, OptimizationConfig, Precision, TrainingConfig,
@@ -243,7 +243,7 @@ pub struct RunConfig {
     pub slurm: SlurmConfig,
     /// `[fp8]`: the float8 recipe and linears (defaults under `precision = "fp8"` without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fp8: Option<Float8Config>,
+    pub fp8: Option<Float8Settings>,
     /// `[lora]`: adapters to train instead of the whole model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
@@ -289,9 +289,8 @@ pub enum RunConfigError {
 
 impl RunConfig {
     /// The float8 settings the model is switched to, under `precision = "fp8"`.
-    pub fn float8(&self) -> Option<flux_model::float8::Float8Settings> {
-        (self.training.precision == Precision::Fp8)
-            .then(|| self.fp8.clone().unwrap_or_default().settings())
+    pub fn float8(&self) -> Option<Float8Settings> {
+        (self.training.precision == Precision::Fp8).then(|| self.fp8.clone().unwrap_or_default())
     }
 
     /// Read `path`, apply `overrides` (`table.key=value`, value in TOML syntax; bare words are
