@@ -180,6 +180,8 @@ pub fn read_values(
         tp_size,
         grad_sync: GradSync::Complete,
         all_reduce: None,
+        // Checkpoints record layouts, not what kind of layer a tensor belongs to.
+        linear: false,
     };
     // A data-parallel part is 1-D and says the shard's shape and where it starts.
     let (shape, offset) = match ds.attr("offset") {

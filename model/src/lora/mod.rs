@@ -80,7 +80,7 @@ pub struct Adapters {
 /// The specs of the adapter on a linear whose weight is `base` (`[out, in]`): `A [r, in]` takes
 /// the base's input split, `B [out, r]` its output split (parts included); the half that stays
 /// whole on a split base sees partial gradients on each rank, summed over the group.
-fn adapter_specs(module: &str, base: &ParamSpec, rank: i64) -> [ParamSpec; 2] {
+fn pair_specs(module: &str, base: &ParamSpec, rank: i64) -> [ParamSpec; 2] {
     let (out_dim, in_dim) = (base.shape[0], base.shape[1]);
     let spec = |leaf: &str, shape: Vec<i64>, split: usize| {
         let mut s = ParamSpec::replicated(format!("{module}.{leaf}.weight"), shape, base.tp_size);
@@ -98,6 +98,61 @@ fn adapter_specs(module: &str, base: &ParamSpec, rank: i64) -> [ParamSpec; 2] {
     ]
 }
 
+/// The linears a pattern of `targets` selects (see [`targets::matches`]) among a model's
+/// parameter `specs`, by module name in spec order, each with its adapter's `A` and `B` specs:
+/// what [`Adapters::attach`] wraps, known from the config alone (`flux-hpc plan` counts it).
+/// Fails, naming the `[lora]` field, for bad settings, a pattern that selects nothing, or a rank
+/// above a layer's smaller side.
+pub fn adapter_specs(
+    specs: &[ParamSpec],
+    settings: LoraSettings,
+    targets: &[String],
+) -> Result<Vec<(String, [ParamSpec; 2])>, ConfigError> {
+    settings.validate()?;
+    if targets.is_empty() {
+        return Err(ConfigError::new("lora.targets", "names no layer pattern"));
+    }
+    let linears: Vec<(&str, &ParamSpec)> = specs
+        .iter()
+        .filter(|s| s.linear)
+        .filter_map(|s| Some((s.name.strip_suffix(".weight")?, s)))
+        .collect();
+    for pattern in targets {
+        if !linears
+            .iter()
+            .any(|(name, _)| targets::matches(pattern, name))
+        {
+            let examples: Vec<&str> = linears.iter().take(4).map(|(name, _)| *name).collect();
+            return Err(ConfigError::new(
+                "lora.targets",
+                format!(
+                    "`{pattern}` matches no linear layer of this model (its linears are named \
+                     like {})",
+                    examples.join(", ")
+                ),
+            ));
+        }
+    }
+    let chosen = linears
+        .into_iter()
+        .filter(|(name, _)| targets.iter().any(|p| targets::matches(p, name)));
+    chosen
+        .map(|(name, base)| {
+            let smaller = base.shape[0].min(base.shape[1]);
+            if settings.rank > smaller {
+                return Err(ConfigError::new(
+                    "lora.rank",
+                    format!(
+                        "{} is larger than `{name}` ({:?}): the rank must be at most {smaller}",
+                        settings.rank, base.shape
+                    ),
+                ));
+            }
+            Ok((name.to_string(), pair_specs(name, base, settings.rank)))
+        })
+        .collect()
+}
+
 impl Adapters {
     /// Wrap every linear of `model` that a pattern of `targets` selects (see
     /// [`targets::matches`]) with a new adapter: `A` Kaiming-uniform (PEFT's initialisation,
@@ -110,57 +165,26 @@ impl Adapters {
         settings: LoraSettings,
         targets: &[String],
     ) -> Result<Self, ConfigError> {
-        settings.validate()?;
-        if targets.is_empty() {
-            return Err(ConfigError::new("lora.targets", "names no layer pattern"));
-        }
+        let mut pairs: HashMap<String, [ParamSpec; 2]> =
+            adapter_specs(model.store().param_specs(), settings, targets)?
+                .into_iter()
+                .collect();
         let mut linears: Vec<&Linear> = Vec::new();
         model.visit_linears(&mut |l| linears.push(l));
-        for pattern in targets {
-            if !linears.iter().any(|l| targets::matches(pattern, l.name())) {
-                let examples: Vec<&str> = linears.iter().take(4).map(|l| l.name()).collect();
-                return Err(ConfigError::new(
-                    "lora.targets",
-                    format!(
-                        "`{pattern}` matches no linear layer of this model (its linears are named \
-                         like {})",
-                        examples.join(", ")
-                    ),
-                ));
-            }
-        }
         let chosen: Vec<&Linear> = linears
             .into_iter()
-            .filter(|l| targets.iter().any(|p| targets::matches(p, l.name())))
-            .collect();
-        let bases: HashMap<&str, &ParamSpec> = model
-            .store()
-            .param_specs()
-            .iter()
-            .map(|s| (s.name.as_str(), s))
+            .filter(|l| pairs.contains_key(l.name()))
             .collect();
         let mut specs = Vec::new();
         for linear in &chosen {
-            let base = bases[format!("{}.weight", linear.name()).as_str()];
-            let smaller = base.shape[0].min(base.shape[1]);
-            if settings.rank > smaller {
-                return Err(ConfigError::new(
-                    "lora.rank",
-                    format!(
-                        "{} is larger than `{}` ({:?}): the rank must be at most {smaller}",
-                        settings.rank,
-                        linear.name(),
-                        base.shape
-                    ),
-                ));
-            }
             if linear.adapter().is_some() {
                 return Err(ConfigError::new(
                     "lora.targets",
                     format!("`{}` has an adapter already", linear.name()),
                 ));
             }
-            specs.extend(adapter_specs(linear.name(), base, settings.rank));
+            let pair = pairs.remove(linear.name()).expect("chosen by name");
+            specs.extend(pair);
         }
         let training = Rc::new(Cell::new(false));
         let store = model.store();

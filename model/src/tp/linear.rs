@@ -63,9 +63,11 @@ impl LinearDecl {
             tp_size,
             grad_sync: GradSync::Complete,
             all_reduce: None,
+            linear: leaf == "weight",
         };
-        let whole = |shape: Vec<i64>, leaf: &str| {
-            ParamSpec::replicated(format!("{name}.{leaf}"), shape, tp_size)
+        let whole = |shape: Vec<i64>, leaf: &str| ParamSpec {
+            linear: leaf == "weight",
+            ..ParamSpec::replicated(format!("{name}.{leaf}"), shape, tp_size)
         };
         let (w, b) = (vec![self.out_dim, self.in_dim], vec![self.out_dim]);
         let mut specs = vec![match self.shard {

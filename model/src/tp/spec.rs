@@ -56,6 +56,9 @@ pub struct ParamSpec {
     /// The activation all-reduce its layer issues per forward and backward pass under tensor
     /// parallelism, if any (counted on the layer's weight only).
     pub all_reduce: Option<Pass>,
+    /// Whether this is a `#[linear]` layer's weight, what LoRA adapters wrap (as the model
+    /// declares it; specs read back from a checkpoint's layout say `false`).
+    pub linear: bool,
 }
 
 impl ParamSpec {
@@ -69,6 +72,7 @@ impl ParamSpec {
             tp_size,
             grad_sync: GradSync::Complete,
             all_reduce: None,
+            linear: false,
         }
     }
 
@@ -190,6 +194,7 @@ mod tests {
             tp_size: tp,
             grad_sync: GradSync::Complete,
             all_reduce: None,
+            linear: true,
         }
     }
 
