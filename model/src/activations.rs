@@ -6,7 +6,8 @@
 //!
 //! Counts are in elements per row (an image token, a text token, or one sample), in the
 //! activations' dtype unless `f32`; tensors that are views of others are counted once, with the
-//! tensor that owns the memory.
+//! tensor that owns the memory. Each says which gradient it is kept for ([`Serves`]): with
+//! frozen weights (a LoRA run) libtorch saves only what the gradients still computed need.
 
 use crate::flops::Rows;
 
@@ -23,6 +24,43 @@ pub enum Width {
     Split,
 }
 
+/// Which gradient a saved tensor is kept for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serves {
+    /// The gradient of the operation's input: kept while any gradient flows back through.
+    Input,
+    /// Only the weight gradient of the layer's linear of this name (relative to the layer,
+    /// e.g. `self_attention.linear_proj`): the linear's input.
+    Weight(&'static str),
+    /// Only the gradients of a modulation's shift, scale and gate (the normalised stream they
+    /// scale, the branch output a gate multiplies), made by the layer's linear of this name, or
+    /// by the stem for every layer where it is empty.
+    Modulation(&'static str),
+    /// Only the gradient of a norm's own scale (the normalised values it multiplies).
+    NormScale,
+}
+
+/// What takes gradients in a run, as far as one layer's saved tensors care.
+pub struct Training<'a> {
+    /// Whether the layer's linear of this layer-relative name takes a weight gradient (it
+    /// trains, or carries an adapter that does).
+    pub linear: &'a dyn Fn(&str) -> bool,
+    /// Whether the conditioning the stem computes (embedders, shared modulations) takes
+    /// gradients.
+    pub conditioning: bool,
+    /// Whether the norms' scales train.
+    pub norms: bool,
+}
+
+impl Training<'_> {
+    /// Full training: every weight takes its gradient.
+    pub const FULL: Training<'static> = Training {
+        linear: &|_| true,
+        conditioning: true,
+        norms: true,
+    };
+}
+
 /// Tensors of one kind saved for backward.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Saved {
@@ -34,8 +72,13 @@ pub struct Saved {
     pub width: Width,
     /// Kept in f32 whatever the activations' dtype (norm statistics, log-sum-exp).
     pub f32: bool,
+    /// An f32 copy a kernel makes of an activation: nothing more where the activations are f32
+    /// already (the copy is the tensor itself, counted with it).
+    pub upcast: bool,
     /// Saved only by these kernels (`None`: by all).
     pub only: Option<Kernels>,
+    /// The gradient it is kept for.
+    pub serves: Serves,
 }
 
 /// Which kernels libtorch runs: some operations save more where they are composed of
@@ -66,7 +109,25 @@ impl Saved {
             per_row,
             width,
             f32: false,
+            upcast: false,
             only: None,
+            serves: Serves::Input,
+        }
+    }
+
+    /// The same tensors, kept only for `serves`.
+    pub fn serving(self, serves: Serves) -> Self {
+        Self { serves, ..self }
+    }
+
+    /// Whether a run training as `training` keeps them.
+    pub fn kept(&self, training: &Training) -> bool {
+        match self.serves {
+            Serves::Input => true,
+            Serves::Weight(linear) => (training.linear)(linear),
+            Serves::Modulation("") => training.conditioning,
+            Serves::Modulation(linear) => training.conditioning || (training.linear)(linear),
+            Serves::NormScale => training.norms,
         }
     }
 
@@ -80,7 +141,7 @@ impl Saved {
 
     /// Bytes on one rank for a micro-batch of `shape`.
     pub fn bytes(&self, shape: &ActivationShape) -> f64 {
-        if self.only.is_some_and(|k| k != shape.kernels) {
+        if self.only.is_some_and(|k| k != shape.kernels) || (self.upcast && shape.elt == 4) {
             return 0.0;
         }
         let rows = self.rows.count(shape.img as f64, shape.txt as f64) * shape.batch as f64;
@@ -116,7 +177,16 @@ pub struct ActivationShape {
 
 /// Sum of [`Saved::bytes`].
 pub fn bytes_of(saved: &[Saved], shape: &ActivationShape) -> f64 {
-    saved.iter().map(|s| s.bytes(shape)).sum()
+    kept_bytes_of(saved, shape, &Training::FULL)
+}
+
+/// Sum of [`Saved::bytes`] of the tensors a run training as `training` keeps.
+pub fn kept_bytes_of(saved: &[Saved], shape: &ActivationShape, training: &Training) -> f64 {
+    saved
+        .iter()
+        .filter(|s| s.kept(training))
+        .map(|s| s.bytes(shape))
+        .sum()
 }
 
 /// What one layer saves.
@@ -148,36 +218,66 @@ pub struct Activations {
     pub stem_regathered_for: Option<usize>,
 }
 
+/// The linears of one modulated stream, named relative to its layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLinears {
+    /// The modulation's (shift, scale, gate); empty where the stem computes it for every layer.
+    pub modulation: &'static str,
+    /// Attention's input projection.
+    pub qkv: &'static str,
+    /// Attention's output projection.
+    pub proj: &'static str,
+    /// The MLP's input projection.
+    pub fc1: &'static str,
+    /// The MLP's output projection.
+    pub fc2: &'static str,
+}
+
 /// The saved tensors of one modulated (AdaLN) stream with an attention branch and an MLP branch
-/// (FLUX's joint layers, DiT's blocks), per row of `rows` and model width `d`: for each branch the
-/// norm's input and output, the modulated input of the column-parallel projection, the gated
-/// branch output and the norm's statistics; plus `split` elements per row inside the branches
-/// (attention's and the MLP's, all ranks together) and attention's log-sum-exp per head.
-pub fn modulated_stream(rows: Rows, d: f64, heads: f64, split: f64) -> Vec<Saved> {
+/// (FLUX's joint layers, DiT's blocks), per row of `rows`, model width `d`, MLP width `m`: for
+/// each branch the norm's input, its output (for the scale's gradient), the gated branch output
+/// (for the gate's), the modulated input of the column-parallel projection and the norm's
+/// statistics; inside the branches `attention` and `mlp` elements per row for the input's
+/// gradient (all ranks together) and the inputs of the output projections, `d` and `m`; and
+/// attention's log-sum-exp per head.
+pub fn modulated_stream(
+    rows: Rows,
+    (d, m, heads): (f64, f64, f64),
+    linears: &StreamLinears,
+    attention: f64,
+    mlp: f64,
+) -> Vec<Saved> {
+    let weight = |name| Serves::Weight(name);
     vec![
-        Saved::new(rows, 2.0 * 3.0 * d, Width::Whole),
-        Saved::new(rows, 2.0 * d, Width::Gathered),
-        Saved::new(rows, split, Width::Split),
+        Saved::new(rows, 2.0 * d, Width::Whole),
+        Saved::new(rows, 2.0 * 2.0 * d, Width::Whole)
+            .serving(Serves::Modulation(linears.modulation)),
+        Saved::new(rows, d, Width::Gathered).serving(weight(linears.qkv)),
+        Saved::new(rows, d, Width::Gathered).serving(weight(linears.fc1)),
+        Saved::new(rows, attention + mlp, Width::Split),
+        Saved::new(rows, d, Width::Split).serving(weight(linears.proj)),
+        Saved::new(rows, m, Width::Split).serving(weight(linears.fc2)),
         Saved::f32(rows, 2.0 * 2.0, Width::Whole),
         Saved::f32(rows, heads, Width::Split),
     ]
 }
 
-/// An MMDiT joint layer (FLUX.1's and FLUX.2's double blocks) named `name`: for the image and the
-/// text stream, a modulated stream whose attention saves the fused projection `3d`, the rotated
-/// queries and keys `2d`, the joined values and the output `2d` and the output gathered for its
-/// projection `d`, with query-key norms; `mlp` elements per row in the MLP branch (all ranks
-/// together); and `extra` (a modulation of its own).
+/// An MMDiT joint layer (FLUX.1's and FLUX.2's double blocks) named `name`, of width `d`, MLP
+/// width `m` and `heads` heads: for the image and the text stream (`linears`, in that order), a
+/// modulated stream whose attention saves the fused projection `3d`, the rotated queries and
+/// keys `2d`, the joined values and the output `2d` (and the output gathered for its
+/// projection), with query-key norms; `mlp` elements per row in the MLP branch besides its
+/// output projection's input (all ranks together); and `extra` (a modulation of its own).
 pub fn joint_layer(
     name: String,
-    d: f64,
-    heads: f64,
+    (d, m, heads): (f64, f64, f64),
+    linears: [&StreamLinears; 2],
     mlp: f64,
     extra: Vec<Saved>,
 ) -> LayerActivations {
     let mut saved = extra;
-    for rows in [Rows::Image, Rows::Text] {
-        saved.extend(modulated_stream(rows, d, heads, 8.0 * d + mlp));
+    for (rows, linears) in [Rows::Image, Rows::Text].into_iter().zip(linears) {
+        saved.extend(modulated_stream(rows, (d, m, heads), linears, 7.0 * d, mlp));
         saved.extend(qk_norms(rows, d, heads));
     }
     LayerActivations {
@@ -191,22 +291,26 @@ pub fn joint_layer(
 }
 
 /// A single-stream layer over all tokens with parallel attention and MLP (FLUX.1's and FLUX.2's
-/// single blocks) named `name`: the norm's input and output and the gated output, the modulated
-/// input of the fused projection, `inner` elements per row between the fused projections (all
-/// ranks together), the norm's statistics, attention's log-sum-exp and query-key norms; and
-/// `extra`.
+/// single blocks) named `name`, of width `d` with `heads` heads, whose linears are `modulation`,
+/// the fused input projection `fused_in` and the fused output projection `fused_out`: the norm's
+/// input, output and the gated output, the modulated input of the fused projection, `inner`
+/// elements per row between the fused projections for the input's gradient and the
+/// `out_input` of the output projection (all ranks together), the norm's statistics,
+/// attention's log-sum-exp and query-key norms; and `extra`.
 pub fn single_stream_layer(
     name: String,
-    d: f64,
-    heads: f64,
-    inner: f64,
+    (d, heads): (f64, f64),
+    [modulation, fused_in, fused_out]: [&'static str; 3],
+    (inner, out_input): (f64, f64),
     extra: Vec<Saved>,
 ) -> LayerActivations {
     let mut saved = extra;
     saved.extend([
-        Saved::new(Rows::Tokens, 3.0 * d, Width::Whole),
-        Saved::new(Rows::Tokens, d, Width::Gathered),
+        Saved::new(Rows::Tokens, d, Width::Whole),
+        Saved::new(Rows::Tokens, 2.0 * d, Width::Whole).serving(Serves::Modulation(modulation)),
+        Saved::new(Rows::Tokens, d, Width::Gathered).serving(Serves::Weight(fused_in)),
         Saved::new(Rows::Tokens, inner, Width::Split),
+        Saved::new(Rows::Tokens, out_input, Width::Split).serving(Serves::Weight(fused_out)),
         Saved::f32(Rows::Tokens, 2.0, Width::Whole),
         Saved::f32(Rows::Tokens, heads, Width::Split),
     ]);
@@ -220,15 +324,20 @@ pub fn single_stream_layer(
 
 /// What query-key RMS norms over `d` elements per row (queries and keys together `2d`, `heads`
 /// heads each) save besides their input: the inverse root mean square per head, and where
-/// libtorch composes the norm from elementwise kernels (its CPU kernels), the normalised values
-/// the scale multiplies.
+/// libtorch composes the norm from elementwise kernels (its CPU kernels) the input in f32 (in
+/// bf16, a copy) and the normalised values the scale multiplies (for the scale's gradient).
 pub fn qk_norms(rows: Rows, d: f64, heads: f64) -> Vec<Saved> {
+    let composite = |saved: Saved| Saved {
+        only: Some(Kernels::Composite),
+        ..saved
+    };
     vec![
         Saved::f32(rows, 2.0 * heads, Width::Split),
-        Saved {
-            only: Some(Kernels::Composite),
+        composite(Saved {
+            upcast: true,
             ..Saved::f32(rows, 2.0 * d, Width::Split)
-        },
+        }),
+        composite(Saved::f32(rows, 2.0 * d, Width::Split).serving(Serves::NormScale)),
     ]
 }
 
@@ -297,8 +406,45 @@ mod tests {
         let norms = qk_norms(Rows::Image, 64.0, 4.0);
         let fused = bytes_of(&norms, &shape(1, false, Kernels::Fused));
         let composite = bytes_of(&norms, &shape(1, false, Kernels::Composite));
-        // 2 × 16 rows: 8 f32 statistics each, and 128 normalised f32 values more.
+        // 2 × 16 rows: 8 f32 statistics each; composed, 128 f32 copies of the bf16 input and
+        // 128 normalised f32 values more.
         assert_eq!(fused, 32.0 * 8.0 * 4.0);
-        assert_eq!(composite, fused + 32.0 * 128.0 * 4.0);
+        assert_eq!(composite, fused + 32.0 * 256.0 * 4.0);
+        // In f32 the input's copy is the input itself.
+        let f32_shape = ActivationShape {
+            elt: 4,
+            ..shape(1, false, Kernels::Composite)
+        };
+        assert_eq!(bytes_of(&norms, &f32_shape), fused + 32.0 * 128.0 * 4.0);
+    }
+
+    #[test]
+    fn frozen_weights_keep_only_what_the_gradients_still_computed_need() {
+        let stream = StreamLinears {
+            modulation: "adaln.linear",
+            qkv: "attn.qkv",
+            proj: "attn.proj",
+            fc1: "mlp.fc1",
+            fc2: "mlp.fc2",
+        };
+        let saved = modulated_stream(Rows::Image, (8.0, 32.0, 2.0), &stream, 10.0, 5.0);
+        let s = shape(1, false, Kernels::Fused);
+        let full = kept_bytes_of(&saved, &s, &Training::FULL);
+        assert_eq!(full, bytes_of(&saved, &s));
+        let only_qkv = |name: &str| name == "attn.qkv";
+        let frozen = Training {
+            linear: &only_qkv,
+            conditioning: false,
+            norms: false,
+        };
+        // Per row: the norms' inputs 16, the qkv input 8, the branches' 15, 4 f32 statistics
+        // and 2 log-sum-exps; not the norms' outputs and gated branches (32), the MLP's input
+        // (8) or the output projections' (8 + 32).
+        let per_row = 16.0 + 8.0 + 15.0;
+        assert_eq!(
+            kept_bytes_of(&saved, &s, &frozen),
+            32.0 * (per_row * 2.0 + 6.0 * 4.0)
+        );
+        assert_eq!(full - kept_bytes_of(&saved, &s, &frozen), 32.0 * 80.0 * 2.0);
     }
 }

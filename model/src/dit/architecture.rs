@@ -4,7 +4,9 @@
 use tch::Tensor;
 
 use crate::activations::Width;
-use crate::activations::{diffusion_io, modulated_stream, Activations, LayerActivations, Saved};
+use crate::activations::{
+    diffusion_io, modulated_stream, Activations, LayerActivations, Saved, StreamLinears,
+};
 use crate::architecture::{
     DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
 };
@@ -89,9 +91,9 @@ impl ModelConfig for DitConfig {
     }
 
     /// Per block, over the image tokens: the modulated stream with the fused projection `3d`
-    /// (its views are attention's queries, keys and values), the attention output and its copy
-    /// for the output projection `2d`, and the MLP's hidden width before and after GELU `2m`;
-    /// and its modulation per sample.
+    /// (its views are attention's queries, keys and values) and the attention output `d`
+    /// (besides its copy for the output projection), and the MLP's hidden width before GELU `m`
+    /// (after it, the output projection's input); and its modulation per sample.
     fn activations(&self) -> Activations {
         let d = self.hidden_size as f64;
         let m = self.widths().mlp_hidden() as f64;
@@ -99,7 +101,20 @@ impl ModelConfig for DitConfig {
         let layers = (0..self.depth)
             .map(|i| {
                 let mut saved = vec![Saved::new(Rows::Sample, 7.0 * d, Width::Gathered)];
-                saved.extend(modulated_stream(Rows::Image, d, heads, 5.0 * d + 2.0 * m));
+                let linears = StreamLinears {
+                    modulation: "adaln.linear",
+                    qkv: "linear_qkv",
+                    proj: "linear_proj",
+                    fc1: "mlp.linear_fc1",
+                    fc2: "mlp.linear_fc2",
+                };
+                saved.extend(modulated_stream(
+                    Rows::Image,
+                    (d, m, heads),
+                    &linears,
+                    4.0 * d,
+                    m,
+                ));
                 LayerActivations {
                     name: DitTransformer::layer_name(i),
                     saved,

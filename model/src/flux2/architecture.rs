@@ -4,7 +4,7 @@
 use tch::Tensor;
 
 use crate::activations::{
-    diffusion_io, joint_layer, single_stream_layer, Activations, Saved, Width,
+    diffusion_io, joint_layer, single_stream_layer, Activations, Saved, StreamLinears, Width,
 };
 use crate::architecture::{
     DiffusionBatch, InputError, InputSpec, ModelConfig, Registered, RootBlock,
@@ -110,25 +110,44 @@ impl ModelConfig for Flux2Config {
     }
 
     /// As FLUX.1's ([`crate::flux::activations`]) with SwiGLU MLPs: the fused gate and value
-    /// `2m`, SiLU of the gate `m` and the product `m` (in the single layers the product is
-    /// copied into the output projection's input instead), and the modulation computed once per
-    /// model rather than per layer.
+    /// `2m`, SiLU of the gate `m` and the product `m`, the output projection's input (in the
+    /// single layers copied into the `[attention | MLP]` input), and the modulation computed
+    /// once per model rather than per layer.
     fn activations(&self) -> Activations {
         let d = self.hidden_size() as f64;
         let m = self.mlp_hidden() as f64;
         let heads = self.num_attention_heads as f64;
+        let image = StreamLinears {
+            modulation: "",
+            qkv: "attn.to_qkv",
+            proj: "attn.to_out.0",
+            fc1: "ff.linear_in",
+            fc2: "ff.linear_out",
+        };
+        let text = StreamLinears {
+            qkv: "attn.to_added_qkv",
+            proj: "attn.to_add_out",
+            fc1: "ff_context.linear_in",
+            fc2: "ff_context.linear_out",
+            ..image
+        };
         let joint = (0..self.num_layers).map(|i| {
             joint_layer(
                 Flux2Transformer::layer_name(false, i),
-                d,
-                heads,
-                4.0 * m,
+                (d, m, heads),
+                [&image, &text],
+                3.0 * m,
                 Vec::new(),
             )
         });
         let single = (0..self.num_single_layers).map(|j| {
-            let name = Flux2Transformer::layer_name(true, j);
-            single_stream_layer(name, d, heads, 7.0 * d + 4.0 * m, Vec::new())
+            single_stream_layer(
+                Flux2Transformer::layer_name(true, j),
+                (d, heads),
+                ["", "attn.to_qkv_mlp_proj", "attn.to_out"],
+                (6.0 * d + 3.0 * m, d + m),
+                Vec::new(),
+            )
         });
         let layers = joint.chain(single).collect();
         let embedders = if self.guidance_embeds { 2.0 } else { 1.0 };

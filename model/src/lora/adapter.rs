@@ -5,6 +5,8 @@ use std::rc::Rc;
 
 use tch::Tensor;
 
+use crate::activations::{Saved, Width};
+
 /// LoRA's `A [r, in]` and `B [out, r]` on one rank, split like the base weight: under a
 /// column-parallel base this rank holds `B`'s rows of its output slice (`A` whole), under a
 /// row-parallel base `A`'s columns of its input slice (`B` whole).
@@ -40,4 +42,20 @@ impl Adapter {
             * self.scale)
             .to_kind(x.kind())
     }
+}
+
+/// What one adapter saves for backward, for `input`, the saved input of the linear it wraps
+/// ([`Serves::Weight`](crate::activations::Serves)): its own copy of the input for `A`'s
+/// gradient (cast to f32 where the adapter computes in f32 (`f32`) and the activations do not;
+/// under dropout the dropped copy beside its mask), and `A`'s output, `rank` per row, for `B`'s.
+/// The frozen base linear itself saves no input.
+pub fn saved_by_adapter(input: &Saved, rank: i64, f32: bool, dropout: bool) -> Vec<Saved> {
+    let copy = Saved {
+        f32: input.f32 || f32,
+        ..*input
+    };
+    let copies = if dropout { 2 } else { 1 };
+    let down = Saved::new(input.rows, rank as f64, Width::Gathered).serving(input.serves);
+    let down = Saved { f32, ..down };
+    std::iter::repeat_n(copy, copies).chain([down]).collect()
 }

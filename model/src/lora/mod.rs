@@ -23,7 +23,7 @@ use tch::{Kind, Tensor};
 use crate::tp::{shard_var, GradSync, Linear, ParamSpec, ShardedStore};
 use crate::{ConfigError, DiffusionModel};
 
-pub use adapter::Adapter;
+pub use adapter::{saved_by_adapter, Adapter};
 pub use import::{ImportError, ImportedAdapter};
 
 /// Rank, strength and dropout of every adapter.
