@@ -110,21 +110,34 @@ impl ShardedStore {
         &mut self,
         tensors: &HashMap<String, Tensor>,
     ) -> Result<(), LogicalLoadError> {
-        let vars = self.vs.variables();
-        for spec in &self.specs {
+        let names: Vec<String> = self.specs.iter().map(|s| s.name.clone()).collect();
+        for name in names {
             let full = tensors
-                .get(&spec.name)
-                .ok_or_else(|| LogicalLoadError::Missing(spec.name.clone()))?;
-            if full.size() != spec.shape {
-                return Err(LogicalLoadError::Shape {
-                    name: spec.name.clone(),
-                    expected: spec.shape.clone(),
-                    got: full.size(),
-                });
-            }
-            let local = spec.shard_of(full, self.tp.rank());
-            tch::no_grad(|| vars[&spec.name].shallow_clone().copy_(&local));
+                .get(&name)
+                .ok_or_else(|| LogicalLoadError::Missing(name.clone()))?;
+            self.load_one(&name, full)?;
         }
+        Ok(())
+    }
+
+    /// Set parameter `name` from its logical tensor `full`; this rank keeps its shard (so a
+    /// model can be loaded one tensor at a time).
+    pub fn load_one(&mut self, name: &str, full: &Tensor) -> Result<(), LogicalLoadError> {
+        let spec = self
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| LogicalLoadError::Missing(name.to_string()))?;
+        if full.size() != spec.shape {
+            return Err(LogicalLoadError::Shape {
+                name: spec.name.clone(),
+                expected: spec.shape.clone(),
+                got: full.size(),
+            });
+        }
+        let local = spec.shard_of(full, self.tp.rank());
+        let var = self.vs.variables()[name].shallow_clone();
+        tch::no_grad(|| var.shallow_clone().copy_(&local));
         Ok(())
     }
 }

@@ -1,12 +1,10 @@
 //! The frozen base of a LoRA run: weights read from a native checkpoint into the model.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use flux_data::checkpoint::{self, Reader};
 use flux_model::tp::ShardedStore;
 use flux_model::ConfigError;
-use tch::Tensor;
 
 use crate::run::resume::stored_architecture;
 
@@ -33,14 +31,14 @@ pub fn load_base(
         )));
     }
     let names = reader.names("params").map_err(|e| fail(e.to_string()))?;
-    let specs = store.param_specs();
+    let specs = store.param_specs().to_vec();
     if let Some(extra) = names.iter().find(|n| !specs.iter().any(|s| &s.name == *n)) {
         return Err(fail(format!(
             "{shown} holds `{extra}`, which this [model] does not have (is it the right model?)"
         )));
     }
-    let mut weights: HashMap<String, Tensor> = HashMap::new();
-    for spec in specs {
+    // One tensor at a time: the whole model never exists twice.
+    for spec in &specs {
         if !names.contains(&spec.name) {
             return Err(fail(format!("{shown} has no weight `{}`", spec.name)));
         }
@@ -55,9 +53,9 @@ pub fn load_base(
                 spec.shape
             )));
         }
-        weights.insert(spec.name.clone(), t);
+        store
+            .load_one(&spec.name, &t)
+            .map_err(|e| fail(e.to_string()))?;
     }
-    store
-        .load_logical(&weights)
-        .map_err(|e| fail(e.to_string()))
+    Ok(())
 }
