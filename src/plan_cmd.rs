@@ -110,6 +110,7 @@ fn memory_json(m: &RankMemory) -> serde_json::Value {
         })
         .collect();
     json!({
+        "trained_params": m.trained_params,
         "weights": m.weights,
         "gradients": m.gradients,
         "optimizer": m.optimizer,
@@ -122,8 +123,22 @@ fn memory_json(m: &RankMemory) -> serde_json::Value {
 }
 
 /// The config's own layout in detail.
-fn print_own(layout: &Layout, memory: &RankMemory, largest: Option<u64>, budget: u64) {
+fn print_own(
+    run: &RunConfig,
+    layout: &Layout,
+    memory: &RankMemory,
+    largest: Option<u64>,
+    budget: u64,
+) {
     println!("\nThis config: {}", describe(layout));
+    if let Some(lora) = &run.lora {
+        println!(
+            "  trains LoRA adapters of rank {} ({} parameters per rank) on a frozen {} base",
+            lora.rank,
+            memory.trained_params,
+            format!("{:?}", lora.base_precision).to_lowercase()
+        );
+    }
     println!("  state kept between steps");
     for (label, bytes) in [
         ("weights", memory.weights),
@@ -238,7 +253,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         args.headroom * 100.0
     );
     match &own {
-        Ok((layout, memory, largest)) => print_own(layout, memory, *largest, budget),
+        Ok((layout, memory, largest)) => print_own(&run, layout, memory, *largest, budget),
         Err(e) => println!("\nThis config cannot run on {ranks} ranks: {e}"),
     }
     println!(

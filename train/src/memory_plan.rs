@@ -16,9 +16,13 @@
 //!   bucket.
 //!
 //! Between them the state stays: weights present, gradients kept between steps, f32 masters,
-//! AdamW's two moments, the EMA, and the f32 gradient share of sharded gradients. Libraries'
+//! AdamW's two moments, the EMA, and the f32 gradient share of sharded gradients. A `[lora]`
+//! run trains its adapters alone: the frozen base is held in its own dtype and its layers save
+//! only what the adapters' gradients need ([`lora`]). Libraries'
 //! own workspaces (cuBLAS, oneDNN), the CUDA context, NCCL's buffers and allocator fragmentation
 //! are not tensors and are left to the headroom.
+
+mod lora;
 
 use flux_model::activations::{bytes_of, ActivationShape, Kernels, Saved};
 use flux_model::execution::residency::{HEAD, STEM};
@@ -28,6 +32,7 @@ use flux_model::ConfigError;
 use crate::config::run_config::{RunConfig, Sharding};
 use crate::optimizer::optim::{chunk_ranges, STEP_CHUNK_ELEMENTS};
 use crate::parallel::shard_layout::{Bucket, ParamOrder, ShardLayout};
+use lora::LoraPlan;
 
 /// One way to lay a run out over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +153,8 @@ pub struct PhasePeak {
 /// One rank's tensor bytes: the state kept between steps, and the top of each phase.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankMemory {
+    /// Elements of the parameters this rank trains (the adapters' under `[lora]`).
+    pub trained_params: u64,
     /// Weights present between steps (none of those full sharding gives back).
     pub weights: u64,
     /// Gradients kept between steps (sharded gradients keep none; their f32 share lives from
@@ -200,8 +207,9 @@ impl Unit {
     }
 }
 
-/// The trained parameters of one rank as the optimizer lays them out: in spec order, with the
-/// gradients the tensor-parallel group sums last, cut into the same buckets and shares.
+/// The trained parameters of one rank (the model's, or a LoRA run's adapters) as the optimizer
+/// lays them out: in spec order, with the gradients the tensor-parallel group sums last, cut
+/// into the same buckets and shares.
 struct Trained {
     /// Each parameter's spec, in the optimizer's order.
     specs: Vec<ParamSpec>,
@@ -212,10 +220,9 @@ struct Trained {
 }
 
 impl Trained {
-    fn new(run: &RunConfig, layout: &Layout, layer_names: &[&str]) -> Self {
-        let all = run.model.param_specs(layout.tp as i64);
+    fn new(all: &[ParamSpec], run: &RunConfig, layout: &Layout, layer_names: &[&str]) -> Self {
         let cap = run.parallelism.bucket_elements();
-        let order = ParamOrder::new(&all, layout.tp, layout.sharding, cap, layout.shards(), 0);
+        let order = ParamOrder::new(all, layout.tp, layout.sharding, cap, layout.shards(), 0);
         let specs: Vec<ParamSpec> = order.spec_of.iter().map(|&i| all[i].clone()).collect();
         let unit = order
             .unit
@@ -308,6 +315,9 @@ impl Trained {
 struct MicroBatch {
     /// Each layer's whole saved set.
     saved: Vec<u64>,
+    /// What each layer's forward pass makes, alive while it runs: everything full training
+    /// saves of it (more than a frozen layer keeps).
+    working: Vec<u64>,
     /// What each layer keeps until backward reaches it: its saved set, or under recomputation
     /// its inputs.
     kept: Vec<u64>,
@@ -319,7 +329,14 @@ struct MicroBatch {
 }
 
 impl MicroBatch {
-    fn new(run: &RunConfig, layout: &Layout, kernels: Kernels, elt: u64) -> Self {
+    /// Under `lora`, the layers save what a frozen model does.
+    fn new(
+        run: &RunConfig,
+        layout: &Layout,
+        kernels: Kernels,
+        elt: u64,
+        lora: Option<&LoraPlan>,
+    ) -> Self {
         let t = &run.training;
         let inputs = run.model.inputs();
         let shape = ActivationShape {
@@ -333,7 +350,15 @@ impl MicroBatch {
         };
         let activations = run.model.activations();
         let bytes = |saved: &[Saved]| bytes_of(saved, &shape) as u64;
-        let saved: Vec<u64> = activations.layers.iter().map(|l| bytes(&l.saved)).collect();
+        let layers = &activations.layers;
+        let working: Vec<u64> = layers.iter().map(|l| bytes(&l.saved)).collect();
+        let saved: Vec<u64> = (0..layers.len())
+            .map(|i| match lora {
+                None => working[i],
+                Some(lora) if lora.reaches(layers, i) => bytes(&lora.saved(&layers[i])),
+                Some(_) => 0,
+            })
+            .collect();
         let kept = match layout.recompute {
             true => activations
                 .layers
@@ -344,6 +369,7 @@ impl MicroBatch {
         };
         Self {
             saved,
+            working,
             kept,
             around: bytes(&activations.outside),
             stem_regathered_for: activations.stem_regathered_for,
@@ -353,7 +379,7 @@ impl MicroBatch {
 
 /// The top of backward as `(activations, transient)`, walking the head, the layers from the
 /// last and the stem: entering layer `i`, the kept activations of the layers before it and its
-/// whole saved set; leaving it, its gradients all produced and a bucket it completes flattened
+/// whole saved set (or what its forward pass makes, where a frozen layer keeps less); leaving it, its gradients all produced and a bucket it completes flattened
 /// (`flat` bytes per element) with its summed share. Sharded gradients keep only buckets not yet
 /// complete, and their f32 `share` lives throughout; full sharding holds the running unit's
 /// weights and the next one's gathers in flight.
@@ -457,7 +483,7 @@ fn backward_peak(
             _ => 0,
         };
         let entering = (
-            before + layer.map_or(0, |i| acts.saved[i]),
+            before + layer.map_or(0, |i| acts.saved[i].max(acts.working[i])),
             share + grads_at(step, false) + gathered + reducing,
         );
         let leaving = (before, share + grads_at(step, true) + flattening + gathered);
@@ -478,19 +504,23 @@ pub fn predict(
     layout: &Layout,
     kernels: Kernels,
 ) -> Result<RankMemory, ConfigError> {
-    if run.lora.is_some() {
-        return Err(ConfigError::new(
-            "lora",
-            "plan covers full training; runs with [lora] are not planned yet".to_string(),
-        ));
-    }
     let elt = run.training.precision.kind().elt_size_in_bytes() as u64;
     let sharding = layout.sharding;
     let shard_grads = matches!(sharding, Sharding::Gradients | Sharding::Full);
     let full = sharding == Sharding::Full;
     let activations = run.model.activations();
     let layer_names: Vec<&str> = activations.layers.iter().map(|l| l.name.as_str()).collect();
-    let trained = Trained::new(run, layout, &layer_names);
+    let specs = run.model.param_specs(layout.tp as i64);
+    let lora = match &run.lora {
+        Some(l) => Some(LoraPlan::new(l, &specs, elt)?),
+        None => None,
+    };
+    let trained = Trained::new(
+        lora.as_ref().map_or(&specs, |l| &l.specs),
+        run,
+        layout,
+        &layer_names,
+    );
     // Whether full sharding gives parameter `p`'s weight back between uses.
     let stem_and_head = activations.stem_regathered_for.is_some();
     let given_back = |p: usize| trained.unit[p].given_back(full, stem_and_head);
@@ -504,7 +534,7 @@ pub fn predict(
     } else {
         owned
     };
-    let weights = trained.sum(|p| !given_back(p)) * elt;
+    let weights = trained.sum(|p| !given_back(p)) * elt + lora.as_ref().map_or(0, |l| l.base);
     let gradients = if shard_grads { 0 } else { params * elt };
     let masters = if full || elt != 4 { 4 * kept } else { 0 };
     let optimizer = masters + 8 * kept;
@@ -516,8 +546,11 @@ pub fn predict(
     let state = weights + gradients + optimizer + ema;
     let share = if shard_grads { 4 * owned } else { 0 };
 
-    let acts = MicroBatch::new(run, layout, kernels, elt);
-    let backward = backward_peak(&trained, &acts, sharding, elt, share);
+    let activation_elt = lora.as_ref().map_or(elt, |l| l.activation_elt);
+    let acts = MicroBatch::new(run, layout, kernels, activation_elt, lora.as_ref());
+    let (backward_acts, mut backward) = backward_peak(&trained, &acts, sharding, elt, share);
+    // A float8 base widens each weight to bf16 for its product.
+    backward += 2 * lora.as_ref().map_or(0, |l| l.widened);
 
     // Gradient reduction after backward: a bucket's gradients flattened (in f32, after f32
     // copies of bf16 ones), and under optimizer sharding this rank's summed share.
@@ -552,15 +585,23 @@ pub fn predict(
     // Building: each weight is initialised whole in f32, then kept as this rank's shard in the
     // training dtype. Under full sharding the f32 masters exist first and a weight full sharding
     // gives back goes once its share is in them, so only the others accumulate; otherwise the
-    // whole shard does.
-    let creating = |p: usize| {
-        let typed = elt * trained.numels()[p] as u64;
-        4 * trained.specs[p].numel() + if given_back(p) { typed } else { 0 }
-    };
-    let largest_creation = (0..trained.specs.len()).map(creating).max().unwrap_or(0);
+    // whole model's shard does (a float8 LoRA base is held so once built).
     let build = match full {
-        true => 4 * owned + weights + largest_creation,
-        false => params * elt + largest_creation,
+        true => {
+            let creating = |p: usize| {
+                let typed = elt * trained.numels()[p] as u64;
+                4 * trained.specs[p].numel() + if given_back(p) { typed } else { 0 }
+            };
+            let largest_creation = (0..trained.specs.len()).map(creating).max().unwrap_or(0);
+            4 * owned + weights + largest_creation
+        }
+        false => {
+            // A LoRA run builds its base in the base's dtype.
+            let built_elt = lora.as_ref().map_or(elt, |l| l.activation_elt);
+            let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
+            let largest_creation = specs.iter().map(|s| 4 * s.numel()).max().unwrap_or(0);
+            specs.iter().map(local).sum::<u64>() * built_elt + largest_creation
+        }
     };
     let during = |phase, activations, transient| PhasePeak {
         phase,
@@ -569,6 +610,7 @@ pub fn predict(
         total: state + activations + transient,
     };
     Ok(RankMemory {
+        trained_params: params,
         weights,
         gradients,
         optimizer,
@@ -580,7 +622,7 @@ pub fn predict(
                 transient: build,
                 total: build,
             },
-            during(Phase::Backward, backward.0, backward.1),
+            during(Phase::Backward, backward_acts, backward),
             during(Phase::GradientReduction, 0, reduction),
             during(Phase::OptimizerStep, 0, step),
         ],
@@ -783,6 +825,58 @@ mod tests {
             largest_micro_batch(&run, &layout, Kernels::Fused, u64::MAX, 7).unwrap(),
             Some(7)
         );
+    }
+
+    #[test]
+    fn a_lora_run_holds_its_base_in_its_dtype_and_trains_the_adapters_alone() {
+        let lora = |extra: &[&str]| {
+            let mut o = vec!["lora.rank=4", "lora.targets=[\"*\"]"];
+            o.extend(extra);
+            at(&run(&o), 1, |_| ())
+        };
+        let full = at(&run(&[]), 1, |_| ());
+        let f32_base = lora(&[]);
+        let bf16_base = lora(&["lora.base_precision=\"bf16\""]);
+        let fp8_base = lora(&["lora.base_precision=\"fp8\""]);
+        // The adapters train: their f32 gradients and moments, a small part of the model's.
+        let adapters = f32_base.trained_params;
+        assert!(adapters * 20 < full.trained_params, "{adapters}");
+        assert_eq!(f32_base.gradients, 4 * adapters);
+        assert_eq!(f32_base.optimizer, 8 * adapters);
+        // The base as built, halved in bf16; in float8 its linears take a byte an element.
+        let base = |m: &RankMemory| m.weights - 4 * adapters;
+        assert_eq!(base(&f32_base), full.weights);
+        assert_eq!(base(&bf16_base), full.weights / 2);
+        let fp8 = base(&fp8_base) as f64 / base(&bf16_base) as f64;
+        assert!((0.5..0.55).contains(&fp8), "{fp8}");
+        // A frozen model saves less: no input of a linear without an adapter, no modulation's
+        // or norm scale's; adapters on fewer linears save less still.
+        let acts = |m: &RankMemory| {
+            let backward = m.phases.iter().find(|p| p.phase == Phase::Backward);
+            backward.unwrap().activations
+        };
+        let qkv = at(
+            &run(&["lora.rank=4", "lora.targets=[\"linear_qkv\"]"]),
+            1,
+            |_| (),
+        );
+        assert!(acts(&f32_base) < acts(&full), "{f32_base:?}");
+        assert!(acts(&qkv) < acts(&f32_base) * 3 / 4, "{qkv:?}");
+        // Adapters on the single layers alone: the joint layers before them save nothing.
+        let single = at(
+            &run(&["lora.rank=4", "lora.targets=[\"linear_qkv_fc1\"]"]),
+            1,
+            |_| (),
+        );
+        assert!(acts(&single) < acts(&qkv), "{single:?}");
+    }
+
+    #[test]
+    fn lora_runs_are_not_offered_fully_sharded() {
+        let run = run(&["lora.rank=4", "lora.targets=[\"*\"]"]);
+        let layouts = candidate_layouts(&run, 4);
+        assert!(layouts.iter().any(|l| l.sharding == Sharding::Gradients));
+        assert!(layouts.iter().all(|l| l.sharding != Sharding::Full));
     }
 
     #[test]

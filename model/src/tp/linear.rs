@@ -220,6 +220,11 @@ impl Linear {
         bytes
     }
 
+    /// Bytes of the weight held in float8 ([`Linear::hold_in_float8`]); 0 when it is not.
+    pub fn float8_weight_bytes(&self) -> u64 {
+        self.frozen.get().map_or(0, Float8Weight::bytes)
+    }
+
     /// `x Wᵀ + b` with this rank's weight (widened from float8 where it is held so), in float8
     /// GEMMs when the layer was switched to them (the bias added in the output's precision, as
     /// torchao does).

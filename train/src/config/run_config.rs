@@ -431,6 +431,15 @@ impl RunConfig {
                         .into()
                 },
             )?;
+            ConfigError::check(
+                self.parallelism.sharding != Sharding::Full,
+                "parallelism.sharding",
+                || {
+                    "\"full\" shards the weights a run trains, and under [lora] those are the \
+                     small adapters: use \"gradients\""
+                        .into()
+                },
+            )?;
         }
         self.sampling.validate().map_err(|e| e.within("sampling"))?;
         self.slurm.validate().map_err(|e| e.within("slurm"))

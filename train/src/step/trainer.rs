@@ -135,8 +135,8 @@ pub struct Trainer<'a> {
 
 /// The run's model on this rank of tensor group `tp`, as training uses it: weights seeded by
 /// `[training] seed` (identical on every rank before sharding), bf16 under `precision = "bf16"`
-/// and `"fp8"` (the latter with the `[fp8]` linears switched to float8 GEMMs), layer
-/// recomputation as `[training] recompute` says.
+/// and `"fp8"` (the latter with the `[fp8]` linears switched to float8 GEMMs) and for a
+/// `[lora] base_precision` of bf16 or fp8, layer recomputation as `[training] recompute` says.
 pub fn build_model(
     run: &RunConfig,
     device: Device,
@@ -144,7 +144,12 @@ pub fn build_model(
 ) -> Result<Box<dyn DiffusionModel>, ConfigError> {
     let t = &run.training;
     tch::manual_seed(t.seed as i64);
-    let model = run.model.build_as(device, t.precision.kind(), tp)?;
+    // A LoRA run's frozen base is built in its own dtype, never wider.
+    let kind = match &run.lora {
+        Some(lora) if lora.base_precision != Precision::Fp32 => Kind::BFloat16,
+        _ => t.precision.kind(),
+    };
+    let model = run.model.build_as(device, kind, tp)?;
     if let Some(settings) = run.float8() {
         let chosen = flux_model::float8::convert(model.as_ref(), &settings)?;
         let mut linears = 0;
@@ -181,13 +186,6 @@ impl<'a> Trainer<'a> {
             ));
         }
         let sharding = run.parallelism.sharding;
-        if sharding == Sharding::Full && run.lora.is_some() {
-            return Err(ConfigError::new(
-                "parallelism.sharding",
-                "\"full\" shards the weights a run trains, and under [lora] those are the \
-                 small adapters: use \"gradients\"",
-            ));
-        }
         run.parallelism
             .replicas(tp.size() * replicas)
             .map_err(|e| e.within("parallelism"))?;
@@ -222,14 +220,10 @@ impl<'a> Trainer<'a> {
                     load_base(model.store_mut(), base, run.model.architecture())?;
                 }
                 model.store_mut().vs.freeze();
-                match lora.base_precision {
-                    Precision::Fp32 => {}
-                    Precision::Bf16 => model.store_mut().vs.bfloat16(),
-                    Precision::Fp8 => {
-                        model.store_mut().vs.bfloat16();
-                        let bytes = flux_model::float8::hold_frozen_in_float8(model.as_ref());
-                        tracing::info!("frozen base linears held in float8: {bytes} bytes");
-                    }
+                // Built in bf16 already for a bf16 or float8 base.
+                if lora.base_precision == Precision::Fp8 {
+                    let bytes = flux_model::float8::hold_frozen_in_float8(model.as_ref());
+                    tracing::info!("frozen base linears held in float8: {bytes} bytes");
                 }
                 let mut adapters =
                     Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
@@ -314,7 +308,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Bytes this rank holds for the model between steps: the weights whose memory is present
-    /// (all but the layers `sharding = "full"` gives back), gradients, and the optimizer state.
+    /// (all but the layers `sharding = "full"` gives back; a frozen base's float8 copies),
+    /// gradients, and the optimizer state.
     pub fn model_state_bytes(&self) -> u64 {
         let stores = [
             Some(self.model.store()),
@@ -331,7 +326,11 @@ impl<'a> Trainer<'a> {
             .map(tch::Tensor::grad)
             .filter(tch::Tensor::defined)
             .collect();
+        let mut float8 = 0;
+        self.model
+            .visit_linears(&mut |l| float8 += l.float8_weight_bytes());
         bytes_of(present)
+            + float8
             + bytes_of(&grads)
             + self.optimizer.gradient_bytes()
             + self.optimizer.state_bytes()
