@@ -22,12 +22,25 @@ fn sets(overrides: &[String]) -> Vec<String> {
 }
 
 /// The one `bench step` record (rank 0 alone reports): two steps (the second one has every
-/// state tensor from the start) on 2 ranks.
-fn measure(config: &str, overrides: &[String]) -> Value {
-    let out = std::process::Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .arg(env!("CARGO_BIN_EXE_flux-hpc"))
+/// state tensor from the start), on `ranks` ranks under mpirun, or one process.
+fn measure(config: &str, overrides: &[String], ranks: usize) -> Value {
+    let exe = env!("CARGO_BIN_EXE_flux-hpc");
+    let mut command = match ranks {
+        1 => std::process::Command::new(exe),
+        n => {
+            let mut c = std::process::Command::new("mpirun");
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &n.to_string(),
+            ])
+            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+            .arg(exe);
+            c
+        }
+    };
+    let out = command
         .args(["bench", "step", config, "--device", "cpu"])
         .args(["--warmup", "1", "--steps", "1", "--threads", "1"])
         .args(sets(overrides))
@@ -35,6 +48,26 @@ fn measure(config: &str, overrides: &[String]) -> Value {
         .output()
         .unwrap();
     json(&out)
+}
+
+/// Hold a plan's `memory` to the `measured` record: the state between steps (weights present,
+/// gradients, optimizer) exactly, the peak within 15% (a miss is recorded under `label`).
+fn check_against(label: &str, memory: &Value, measured: &Value, misses: &mut Vec<String>) {
+    let state = memory["weights"].as_u64().unwrap()
+        + memory["gradients"].as_u64().unwrap()
+        + memory["optimizer"].as_u64().unwrap();
+    let state_measured = measured["model_state_mib_per_rank"].as_f64().unwrap() * MIB;
+    assert_eq!(state as f64, state_measured, "{label}: state");
+    let peak = memory["peak"].as_f64().unwrap() / MIB;
+    let peak_measured = measured["peak_tensor_mib"].as_f64().unwrap();
+    let ratio = peak / peak_measured;
+    eprintln!(
+        "{label}: predicted {peak:.2} MiB ({}), measured {peak_measured:.2} MiB, ratio {ratio:.3}",
+        memory["peak_phase"]
+    );
+    if !(0.85..=1.15).contains(&ratio) {
+        misses.push(format!("{label}: {ratio:.3}"));
+    }
 }
 
 fn plan(config: &str, args: &[&str], overrides: &[String]) -> Value {
@@ -65,28 +98,13 @@ fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
         for sharding in ["none", "optimizer", "gradients", "full"] {
             let mut overrides = vec![format!("parallelism.sharding=\"{sharding}\"")];
             overrides.extend(extra.map(String::from));
-            let measured = measure(config, &overrides);
+            let measured = measure(config, &overrides, 2);
             assert_eq!(measured["ranks"], 2);
             assert_eq!(measured["tp"], 1);
             let predicted = plan(config, &["--gpus", "2", "--kernels", "cpu"], &overrides);
             let memory = &predicted["memory"];
-            // What stays between steps is known exactly: weights present, gradients, optimizer.
-            let state = memory["weights"].as_u64().unwrap()
-                + memory["gradients"].as_u64().unwrap()
-                + memory["optimizer"].as_u64().unwrap();
-            let state_measured = measured["model_state_mib_per_rank"].as_f64().unwrap() * MIB;
-            assert_eq!(state as f64, state_measured, "{config} {sharding}: state");
-            let peak = memory["peak"].as_f64().unwrap() / MIB;
-            let peak_measured = measured["peak_tensor_mib"].as_f64().unwrap();
-            let ratio = peak / peak_measured;
-            eprintln!(
-                "{config} sharding {sharding}: predicted {peak:.1} MiB ({}), measured \
-                 {peak_measured:.1} MiB, ratio {ratio:.3}",
-                memory["peak_phase"]
-            );
-            if !(0.85..=1.15).contains(&ratio) {
-                misses.push(format!("{config} {sharding}: {ratio:.3}"));
-            }
+            let label = format!("{config} sharding {sharding}");
+            check_against(&label, memory, &measured, &mut misses);
             // The build, to the end of creating the model, within the same bound (measured
             // 0.94–1.00).
             let build = memory["phases"][0]["total"].as_f64().unwrap() / MIB;
@@ -227,18 +245,6 @@ fn bad_plan_arguments_name_what_is_wrong() {
     );
 }
 
-/// The `bench step` record of one process.
-fn measure_one(config: &str, overrides: &[String]) -> Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flux-hpc"))
-        .args(["bench", "step", config, "--device", "cpu"])
-        .args(["--warmup", "1", "--steps", "1", "--threads", "1"])
-        .args(sets(overrides))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    json(&out)
-}
-
 /// LoRA runs: the frozen base in its dtype, adapters on the linears the targets select, and the
 /// activations of a frozen model, which saves no input of a linear without an adapter. The
 /// state is known exactly; the peak within the same 15% as full training (measured 0.91–1.10:
@@ -287,28 +293,19 @@ fn lora_plans_are_within_15_percent_of_the_measured_peak() {
     for (config, extra) in cases {
         let mut overrides = vec!["lora.rank=4".to_string()];
         overrides.extend(extra.iter().map(|e| e.to_string()));
-        let measured = measure_one(config, &overrides);
+        let measured = measure(config, &overrides, 1);
         let predicted = plan(config, &["--gpus", "1", "--kernels", "cpu"], &overrides);
         let memory = &predicted["memory"];
         assert_eq!(
             memory["trained_params"], measured["trained_params_per_rank"],
             "{config} {extra:?}: adapters"
         );
-        let state = memory["weights"].as_u64().unwrap()
-            + memory["gradients"].as_u64().unwrap()
-            + memory["optimizer"].as_u64().unwrap();
-        let state_measured = measured["model_state_mib_per_rank"].as_f64().unwrap() * MIB;
-        assert_eq!(state as f64, state_measured, "{config} {extra:?}: state");
-        let peak = memory["peak"].as_f64().unwrap() / MIB;
-        let peak_measured = measured["peak_tensor_mib"].as_f64().unwrap();
-        let ratio = peak / peak_measured;
-        eprintln!(
-            "{config} {extra:?}: predicted {peak:.2} MiB, measured {peak_measured:.2} MiB, \
-             ratio {ratio:.3}"
+        check_against(
+            &format!("{config} {extra:?}"),
+            memory,
+            &measured,
+            &mut misses,
         );
-        if !(0.85..=1.15).contains(&ratio) {
-            misses.push(format!("{config} {extra:?}: {ratio:.3}"));
-        }
     }
     assert!(
         misses.is_empty(),
