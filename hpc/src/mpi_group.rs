@@ -82,6 +82,24 @@ fn writable(t: &Tensor) -> Tensor {
     }
 }
 
+/// The contiguous buffer MPI reads for `t` in `t`'s own dtype: `t` itself where MPI can take
+/// it, else a copy in host memory (counted).
+fn readable_as_is(t: &Tensor) -> Tensor {
+    match t.device() == Device::Cpu || takes_cuda() {
+        true => t.contiguous().flatten(0, -1),
+        false => staging::host_copy(t),
+    }
+}
+
+/// The contiguous buffer MPI writes the result for `t` into, in `t`'s own dtype: `t` itself
+/// where MPI can take it, else fresh zeros in host memory.
+fn writable_as_is(t: &Tensor) -> Tensor {
+    match (t.device() == Device::Cpu || takes_cuda()) && t.is_contiguous() {
+        true => t.shallow_clone(),
+        false => Tensor::zeros([t.numel() as i64], (t.kind(), Device::Cpu)),
+    }
+}
+
 /// Wait for the GPU's work on `buffers` (MPI knows no CUDA stream).
 fn settle(buffers: &[&Tensor]) {
     for t in buffers {
@@ -179,19 +197,33 @@ impl MpiGroup {
 
     /// Start gathering every rank's `input` into `output` (`size()` times longer).
     fn gather(&self, input: &Tensor, output: Tensor) -> MpiPending {
-        let (send, out) = (readable(input), writable(&output));
-        let n = send.numel() as i32;
+        // An all-gather only moves data: a tensor of another dtype than f32 (bf16 weights, float8
+        // bytes) goes at its own width, as bytes.
+        let f32 = input.kind() == Kind::Float;
+        let (send, out) = match f32 {
+            true => (readable(input), writable(&output)),
+            false => (readable_as_is(input), writable_as_is(&output)),
+        };
+        let n = match f32 {
+            true => send.numel(),
+            false => send.numel() * send.kind().elt_size_in_bytes(),
+        } as i32;
         settle(&[&send, &out]);
-        // SAFETY: `send` (`n` f32) and `out` (`size()` times that) move, unused by anything
-        // else, into the returned value, which completes the request first.
+        // SAFETY: `send` (`n` f32 values, or `n` bytes) and `out` (`size()` times that) move,
+        // unused by anything else, into the returned value, which completes the request first.
         let request = self.start(|comm, request| unsafe {
+            let datatype = if f32 {
+                ffi::RSMPI_FLOAT
+            } else {
+                ffi::RSMPI_UINT8_T
+            };
             ffi::MPI_Iallgather(
                 send.data_ptr(),
                 n,
-                ffi::RSMPI_FLOAT,
+                datatype,
                 out.data_ptr(),
                 n,
-                ffi::RSMPI_FLOAT,
+                datatype,
                 comm,
                 request,
             )

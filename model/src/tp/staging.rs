@@ -43,6 +43,14 @@ pub fn host_f32(t: &Tensor) -> Tensor {
         .flatten(0, -1)
 }
 
+/// `t` copied to host memory in its own dtype, contiguous and flat (counted), for a collective
+/// that only moves data.
+pub fn host_copy(t: &Tensor) -> Tensor {
+    let bytes = t.numel() * t.kind().elt_size_in_bytes();
+    STAGED.fetch_add(bytes as u64, Ordering::Relaxed);
+    t.to_device(Device::Cpu).contiguous().flatten(0, -1)
+}
+
 /// A host `f32` buffer for the result a collective writes into `t`: `t` itself (shared) when it
 /// is one already, else fresh zeros (nothing to copy: the collective overwrites them).
 pub fn host_output(t: &Tensor) -> Tensor {
