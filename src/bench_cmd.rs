@@ -163,10 +163,11 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         Work::Forward(model, _) => (model.store().num_local_params(true), 0),
     };
     let mut seconds = Vec::with_capacity(args.steps);
-    let mut staged = 0;
+    let (mut staged, mut gathered) = (0, 0);
     for i in 0..args.warmup + args.steps {
         synchronize(device);
         let staged_before = staging::host_staged_bytes();
+        let gathered_before = flux_train::weight_gather_bytes();
         let start = Instant::now();
         match &mut work {
             Work::Step(trainer) => {
@@ -180,6 +181,7 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         if i >= args.warmup {
             seconds.push(start.elapsed().as_secs_f64());
             staged += staging::host_staged_bytes() - staged_before;
+            gathered += flux_train::weight_gather_bytes() - gathered_before;
         }
     }
     let model_state = match &work {
@@ -223,6 +225,8 @@ fn timed(args: TimedArgs, train: bool) -> Result<()> {
         "backend": transport.backend.name(),
         // Rank 0's bytes staged through host f32 buffers per timed step or pass.
         "host_staged_mib_per_step": mib(staged) / args.steps.max(1) as f64,
+        // Rank 0's weights received from sharding = "full"'s all-gathers per timed step.
+        "weight_gather_mib_per_step": mib(gathered) / args.steps.max(1) as f64,
         "bucket_mib": run.parallelism.bucket_mib,
         "optimizer_state_mib_per_rank": mib(optimizer_bytes),
         // Weights present, gradients and optimizer state after the last step.

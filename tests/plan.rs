@@ -116,6 +116,19 @@ fn predicted_peak_memory_is_within_15_percent_of_the_measured_one() {
                 misses.push(format!("{config} {sharding} build: {ratio:.3}"));
             }
             builds.push(build_measured);
+            if sharding == "full" && config == FLUX_TINY {
+                // Weights are gathered in their own dtype: every parameter twice a step (forward
+                // and backward, one micro-batch per rank) at 4 bytes in f32, 2 in bf16.
+                let gathered = |m: &Value| m["weight_gather_mib_per_step"].as_f64().unwrap();
+                let params = predicted["params"].as_f64().unwrap();
+                assert!(
+                    gathered(&measured) * MIB >= 2.0 * 4.0 * params,
+                    "{measured}"
+                );
+                overrides.push("training.precision=\"bf16\"".into());
+                let bf16 = measure(config, &overrides, 2);
+                assert_eq!(gathered(&bf16), gathered(&measured) / 2.0, "{bf16}");
+            }
         }
         // Under "full" a layer's weights are given back as soon as their share is in the f32
         // masters, so building holds less than the whole f32 model the other levels hold (at

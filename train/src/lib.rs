@@ -42,6 +42,7 @@ pub use parallel::data_parallel::{dp_optimizer, DpOptimizer, Replicated};
 pub use parallel::grad_hooks::OverlapReport;
 pub use parallel::overlapped_reduce::OverlappedReduce;
 pub use parallel::sharded_adamw::ShardedAdamW;
+pub use parallel::sharded_params::weight_gather_bytes;
 pub use run::cadence::{AfterStep, Cadence};
 pub use run::launch::{Launch, LaunchError};
 pub use run::resume::{starting_checkpoint, StartPolicy};

@@ -284,11 +284,14 @@ impl Trained {
         self.sum(|p| self.unit[p] == u) * elt
     }
 
-    /// Bytes of unit `u`'s gathers in flight ([`Trained::in_flight`] of each of its buckets).
-    fn gathering(&self, u: Unit) -> u64 {
+    /// Bytes of unit `u`'s gathers in flight: each of its buckets whole beside this rank's
+    /// share, in the weights' dtype (`elt` bytes an element).
+    fn gathering(&self, u: Unit, elt: u64) -> u64 {
         let buckets = self.buckets.buckets.iter();
         let of_unit = buckets.filter(|b| self.unit[b.params.start] == u);
-        of_unit.map(|b| self.in_flight(b)).sum()
+        of_unit
+            .map(|b| elt * (self.bucket(b) + b.share as u64))
+            .sum()
     }
 
     /// Elements of the largest chunk replicated AdamW copies to f32 at once (decaying matrices
@@ -436,8 +439,8 @@ fn backward_peak(
                 Unit::Stem => 0,
             };
         // The unit's weights, gathered (and the stem's, back early for the first layers); and
-        // the gathers of the unit backward reaches next in flight: each of its buckets whole in
-        // f32 beside this rank's f32 share of it.
+        // the gathers of the unit backward reaches next in flight: each of its buckets whole
+        // beside this rank's share of it, in the weights' dtype.
         let stem_back = stem_for.is_some_and(|k| layer.is_some_and(|i| i < k));
         let next = match unit {
             Unit::Head if n > 0 => Some(Unit::Layer(n - 1)),
@@ -455,7 +458,7 @@ fn backward_peak(
         };
         let prefetch = next
             .filter(|&u| given_back(u))
-            .map_or(0, |u| trained.gathering(u));
+            .map_or(0, |u| trained.gathering(u, elt));
         let gathered = weights + stem + prefetch;
         // Sharded gradients: a completing bucket flattened into f32 (after f32 copies of bf16
         // gradients) beside its gradients; then, while backward goes on, its reduce-scatter in

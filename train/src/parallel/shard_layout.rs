@@ -211,13 +211,13 @@ pub(crate) fn reduce_scatter_bucket(
 }
 
 /// This rank's `parts` of bucket `b` (one tensor per segment, any dtype) laid out as its share:
-/// `[share]` f32 on `device`, zero where the share is padding.
-pub(crate) fn local_share(b: &Bucket, parts: &[Tensor], device: Device) -> Tensor {
-    let share = zeros(b.share, device);
+/// `[share]` of `kind` on `device`, zero where the share is padding.
+pub(crate) fn local_share(b: &Bucket, parts: &[Tensor], device: Device, kind: Kind) -> Tensor {
+    let share = Tensor::zeros([b.share as i64], (kind, device));
     for (s, part) in b.segments.iter().zip(parts) {
         share
             .narrow(0, s.in_share as i64, s.len as i64)
-            .copy_(&part.to_device(device).to_kind(Kind::Float));
+            .copy_(&part.to_device(device).to_kind(kind));
     }
     share
 }
@@ -231,13 +231,16 @@ pub(crate) fn gather_bucket(
     group: &dyn Collective,
     device: Device,
 ) -> Tensor {
-    gather_share(&local_share(b, parts, device), group)
+    gather_share(&local_share(b, parts, device, Kind::Float), group)
 }
 
-/// Every rank's `share` (`[share]` f32, from [`local_share`]) all-gathered over `group`, in rank
-/// order, on the share's device.
+/// Every rank's `share` (`[share]`, from [`local_share`]) all-gathered over `group`, in rank
+/// order, in the share's dtype on its device.
 pub(crate) fn gather_share(share: &Tensor, group: &dyn Collective) -> Tensor {
-    let full = zeros(share.numel() * group.size(), share.device());
+    let full = share.new_zeros(
+        [(share.numel() * group.size()) as i64],
+        (share.kind(), share.device()),
+    );
     group.all_gather_into(share, &full);
     full
 }

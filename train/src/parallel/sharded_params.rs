@@ -17,6 +17,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flux_model::execution::residency::{
     fill_storage, release_storage, storage_present, LayerParams,
@@ -25,6 +26,15 @@ use flux_model::tp::{Collective, Pass, Pending};
 use tch::Tensor;
 
 use crate::parallel::shard_layout::{gather_share, local_share, ShardLayout};
+
+/// Bytes of weights this process has received from full sharding's all-gathers.
+static GATHERED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of weights this process has received from `sharding = "full"`'s all-gathers so far,
+/// at the weights' width (every rank's share of each gathered bucket, padding included).
+pub fn weight_gather_bytes() -> u64 {
+    GATHERED.load(Ordering::Relaxed)
+}
 
 /// Which weights are present, and the means to gather them.
 pub(crate) struct ShardedParams<'a> {
@@ -143,7 +153,8 @@ impl<'a> Residency<'a> {
         self.managed.contains(&self.unit_of_bucket[b])
     }
 
-    /// This rank's share of bucket `b` from the masters, as the all-gather sends it.
+    /// This rank's share of bucket `b` from the masters in the weights' dtype, as the
+    /// all-gather sends it (bf16 weights gather half of f32's bytes, to the same values).
     fn share(&self, b: usize) -> Tensor {
         let bucket = &self.layout.buckets[b];
         let parts: Vec<Tensor> = bucket
@@ -151,11 +162,14 @@ impl<'a> Residency<'a> {
             .iter()
             .map(|s| self.masters.narrow(0, s.in_state as i64, s.len as i64))
             .collect();
-        local_share(bucket, &parts, self.masters.device())
+        let kind = self.params[bucket.params.start].kind();
+        local_share(bucket, &parts, self.masters.device(), kind)
     }
 
     /// Fill bucket `b`'s weights from `full`, its gathered elements end to end.
     fn fill(&mut self, b: usize, full: &Tensor) {
+        let bytes = full.numel() * full.kind().elt_size_in_bytes();
+        GATHERED.fetch_add(bytes as u64, Ordering::Relaxed);
         let mut start = 0;
         for p in self.layout.buckets[b].params.clone() {
             let n = self.layout.numels[p] as i64;
