@@ -313,12 +313,15 @@ fn lora_plans_are_within_15_percent_of_the_measured_peak() {
             memory["trained_params"], measured["trained_params_per_rank"],
             "{config} {extra:?}: adapters"
         );
-        check_against(
-            &format!("{config} {extra:?}"),
-            memory,
-            &measured,
-            &mut misses,
-        );
+        let label = format!("{config} {extra:?}");
+        check_against(&label, memory, &measured, &mut misses);
+        // The build too: the base in its dtype, a float8 base linear by linear.
+        let build = memory["phases"][0]["total"].as_f64().unwrap() / MIB;
+        let ratio = build / measured["build_peak_tensor_mib"].as_f64().unwrap();
+        eprintln!("  build ratio {ratio:.3}");
+        if !(0.85..=1.15).contains(&ratio) {
+            misses.push(format!("{label} build: {ratio:.3}"));
+        }
     }
     assert!(
         misses.is_empty(),
@@ -328,14 +331,13 @@ fn lora_plans_are_within_15_percent_of_the_measured_peak() {
 
 /// What fine-tuners ask first: FLUX.1 [dev], LoRA rank 16, 1024², one 24 GiB GPU
 /// (configs/flux1_dev_lora.toml). A bf16 base (22.3 GiB of weights) does not fit even with
-/// recomputation; a float8 base trains in 14.1 GiB with it (39.3 GiB without), but building
-/// holds the whole base in bf16 before the linears go to float8, 22.4 GiB, above the 21.6 GiB a
-/// 24 GiB card leaves after 10% headroom.
+/// recomputation; a float8 base, taken to float8 linear by linear as it is built, trains in
+/// 14.1 GiB with it (39.3 GiB without), up to 4 samples a micro-batch.
 #[test]
 fn flux1_dev_lora_on_one_24_gib_gpu() {
     let gib = |bytes: &Value| bytes.as_f64().unwrap() / (1u64 << 30) as f64;
-    for (base, recomputed, plain, fits) in
-        [("bf16", 25.07, 50.3, false), ("fp8", 22.41, 39.3, false)]
+    for (base, recomputed, plain, largest) in
+        [("bf16", 25.07, 50.3, None), ("fp8", 14.12, 39.3, Some(4))]
     {
         let p = plan(
             "configs/flux1_dev_lora.toml",
@@ -353,12 +355,8 @@ fn flux1_dev_lora_on_one_24_gib_gpu() {
             };
             assert!((peak - expected).abs() < 0.1, "{base}: {layout}");
         }
-        assert_eq!(p["largest_micro_batch"].is_u64(), fits, "{base}: {p}");
-        let phases = p["memory"]["phases"].as_array().unwrap();
-        let backward = phases.iter().find(|f| f["phase"] == "backward").unwrap();
-        if base == "fp8" {
-            assert!((gib(&backward["total"]) - 14.12).abs() < 0.1, "{p}");
-            assert_eq!(p["memory"]["peak_phase"], "build");
-        }
+        assert_eq!(p["largest_micro_batch"].as_u64(), largest, "{base}: {p}");
+        let build = gib(&p["memory"]["phases"][0]["total"]);
+        assert!(build < recomputed, "{base}: the build peaks at {build} GiB");
     }
 }

@@ -588,7 +588,7 @@ pub fn predict(
     // Building: each weight is initialised whole in f32, then kept as this rank's shard in the
     // training dtype. Under full sharding the f32 masters exist first and a weight full sharding
     // gives back goes once its share is in them, so only the others accumulate; otherwise the
-    // whole model's shard does (a float8 LoRA base is held so once built).
+    // whole model's shard does (of a float8 LoRA base, its float8 copies).
     let build = match full {
         true => {
             let creating = |p: usize| {
@@ -598,13 +598,17 @@ pub fn predict(
             let largest_creation = (0..trained.specs.len()).map(creating).max().unwrap_or(0);
             4 * owned + weights + largest_creation
         }
-        false => {
-            // A LoRA run builds its base in the base's dtype.
-            let built_elt = lora.as_ref().map_or(elt, |l| l.activation_elt);
-            let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
-            let largest_creation = specs.iter().map(|s| 4 * s.numel()).max().unwrap_or(0);
-            specs.iter().map(local).sum::<u64>() * built_elt + largest_creation
-        }
+        false => match lora.as_ref().filter(|l| l.widened > 0) {
+            // A float8 base takes each linear to float8 as it is created.
+            Some(l) => l.base + l.largest_creation(&specs),
+            None => {
+                // A LoRA run builds its base in the base's dtype.
+                let built_elt = lora.as_ref().map_or(elt, |l| l.activation_elt);
+                let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
+                let largest_creation = specs.iter().map(|s| 4 * s.numel()).max().unwrap_or(0);
+                specs.iter().map(local).sum::<u64>() * built_elt + largest_creation
+            }
+        },
     };
     let during = |phase, activations, transient| PhasePeak {
         phase,

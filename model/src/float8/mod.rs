@@ -17,6 +17,8 @@ pub use gemm::Float8Gemm;
 pub use recipe::Float8Recipe;
 pub use weight::Float8Weight;
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::execution::residency::{HEAD, STEM};
@@ -113,10 +115,19 @@ fn aligned(l: &Linear) -> bool {
 
 /// Hold the weight of every linear of `model` in e4m3 with per-row scales ([`Float8Weight`]),
 /// giving back the memory of the weights themselves: for a frozen base (LoRA), whose weights
-/// no optimizer reads. Each forward pass widens a layer's weight to its dtype while it runs.
-/// Bytes now held by the float8 weights.
-pub fn hold_frozen_in_float8(model: &dyn DiffusionModel) -> u64 {
+/// no optimizer reads. `held` has the weights quantized as they were created, by state-dict
+/// name (`….weight`); the others are quantized now. Each forward pass widens a layer's weight
+/// to its dtype while it runs. Bytes now held by the float8 weights.
+pub fn hold_frozen_in_float8(
+    model: &dyn DiffusionModel,
+    held: &mut HashMap<String, Float8Weight>,
+) -> u64 {
     let mut bytes = 0;
-    model.visit_linears(&mut |l| bytes += l.hold_in_float8());
+    model.visit_linears(&mut |l| {
+        bytes += match held.remove(&format!("{}.weight", l.name())) {
+            Some(w) => l.hold_float8(w),
+            None => l.hold_in_float8(),
+        }
+    });
     bytes
 }

@@ -48,6 +48,11 @@ impl Float8Weight {
         }
     }
 
+    /// The weight's shape, `[out, in]`.
+    pub fn size(&self) -> Vec<i64> {
+        self.data.size()
+    }
+
     /// Bytes held: one per value and four per row.
     pub fn bytes(&self) -> u64 {
         (self.data.numel() + 4 * self.scale.numel()) as u64

@@ -205,18 +205,26 @@ impl Linear {
     /// `weight` (whose shape and dtype stay); later passes widen it to `weight`'s dtype. Bytes
     /// the float8 copy holds (0 when it was held so already). The weight must not train.
     pub fn hold_in_float8(&self) -> u64 {
+        if self.frozen.get().is_some() {
+            return 0;
+        }
+        self.hold_float8(Float8Weight::quantize(&self.weight))
+    }
+
+    /// As [`Linear::hold_in_float8`] with `held`, this layer's weight already in float8 (taken
+    /// as the weight was created, whose memory may be given back already). Bytes it holds.
+    pub fn hold_float8(&self, held: Float8Weight) -> u64 {
         assert!(
             !self.weight.requires_grad(),
             "`{}`: only a frozen weight is held in float8",
             self.name
         );
-        if self.frozen.get().is_some() {
-            return 0;
-        }
-        let held = Float8Weight::quantize(&self.weight);
+        assert_eq!(held.size(), self.weight.size(), "`{}`", self.name);
         let bytes = held.bytes();
         release_storage(&self.weight);
-        let _ = self.frozen.set(held);
+        if self.frozen.set(held).is_err() {
+            panic!("`{}` is held in float8 already", self.name);
+        }
         bytes
     }
 

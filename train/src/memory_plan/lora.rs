@@ -80,6 +80,18 @@ impl LoraPlan {
         })
     }
 
+    /// The most a float8 base holds beside what it has built while one weight is created:
+    /// the weight whole in f32 and its bf16 shard, and while a linear's is quantized three f32
+    /// copies of the shard (widened, absolute, scaled).
+    pub fn largest_creation(&self, specs: &[ParamSpec]) -> u64 {
+        let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
+        let creating = |s: &ParamSpec| {
+            let quantizing = if s.linear { 3 * 4 * local(s) } else { 0 };
+            4 * s.numel() + 2 * local(s) + quantizing
+        };
+        specs.iter().map(creating).max().unwrap_or(0)
+    }
+
     /// Whether a linear of `layer` (layer-relative `name`) has an adapter.
     fn adapted(&self, layer: &str, name: &str) -> bool {
         self.adapted.contains(&format!("{layer}.{name}"))

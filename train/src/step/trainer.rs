@@ -7,21 +7,22 @@ use std::time::Instant;
 use flux_data::checkpoint::{self, LoadedCheckpoint, OptimizerState, TrainingState};
 use flux_data::dataset::BatchPlan;
 use flux_data::DataError;
-use flux_model::execution::residency::storage_present;
+use flux_model::execution::residency::{release_storage, storage_present};
+use flux_model::float8::Float8Weight;
 use flux_model::lora::{export, Adapters};
 use flux_model::tensor_memory;
-use flux_model::tp::{creation, staging, Collective, DpGroups, ShardedStore, TpContext};
+use flux_model::tp::{creation, staging, Collective, DpGroups, ParamSpec, ShardedStore, TpContext};
 use flux_model::{ConfigError, DiffusionModel};
 use tch::{Device, Kind};
 
 use crate::config::run_config::Sharding;
-use crate::config::sections::{NonFinitePolicy, Precision};
+use crate::config::sections::{LoraConfig, NonFinitePolicy, Precision};
 use crate::feed::data_source::{DataSource, DrawSettings};
 use crate::feed::step_data::{step_data, NoiseLevels, StepData};
 use crate::logging::metrics::peak_rss_mib;
 use crate::logging::units::bytes_of;
 use crate::lora::adapter_file::read_adapter_file;
-use crate::lora::base_weights::load_base;
+use crate::lora::base_weights::BaseWeights;
 use crate::optimizer::ema::Ema;
 use crate::optimizer::optim::learning_rate;
 use crate::parallel::data_parallel::{dp_optimizer, DpOptimizer};
@@ -164,6 +165,59 @@ pub fn build_model(
     Ok(model)
 }
 
+/// A LoRA run's frozen model on this rank of tensor group `tp`: built in the base's dtype
+/// ([`build_model`]) with `[lora] base` read into each weight as it is created and, for a
+/// float8 base, each linear's weight quantized and its memory given back at once, so neither the
+/// checkpoint nor the bf16 base ever exists whole.
+fn build_lora_base(
+    run: &RunConfig,
+    lora: &LoraConfig,
+    device: Device,
+    tp: TpContext,
+) -> Result<Box<dyn DiffusionModel>, ConfigError> {
+    let specs = run.model.param_specs(tp.size() as i64);
+    let base = match &lora.base {
+        Some(path) => Some(BaseWeights::open(path, run.model.architecture(), &specs)?),
+        None => None,
+    };
+    let float8 = lora.base_precision == Precision::Fp8;
+    let by_name: HashMap<&str, &ParamSpec> = specs.iter().map(|s| (s.name.as_str(), s)).collect();
+    let rank = tp.rank();
+    let mut held = HashMap::new();
+    let mut failed = None;
+    let mut model = creation::while_creating(
+        |name, weight| {
+            let Some(spec) = by_name.get(name) else {
+                return;
+            };
+            if let Some(base) = &base {
+                match base.logical(name) {
+                    Ok(full) => {
+                        let local = spec.shard_of(&full, rank);
+                        tch::no_grad(|| weight.shallow_clone().copy_(&local));
+                    }
+                    Err(e) if failed.is_none() => failed = Some(e),
+                    Err(_) => {}
+                }
+            }
+            if float8 && spec.linear {
+                held.insert(name.to_string(), Float8Weight::quantize(weight));
+                release_storage(weight);
+            }
+        },
+        || build_model(run, device, tp),
+    )?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    model.store_mut().vs.freeze();
+    if float8 {
+        let bytes = flux_model::float8::hold_frozen_in_float8(model.as_ref(), &mut held);
+        tracing::info!("frozen base linears held in float8: {bytes} bytes");
+    }
+    Ok(model)
+}
+
 impl<'a> Trainer<'a> {
     /// Build the model (seeded by `[training] seed`, identical on every rank before sharding), the
     /// optimizer and the data for this rank of tensor group `tp` and data-parallel groups
@@ -195,7 +249,7 @@ impl<'a> Trainer<'a> {
         }
         // Under "full", each weight's share goes to the masters as it is created and a layer's
         // weights are given back at once, so the whole model never exists on one rank.
-        let (mut model, built) = match sharding {
+        let (model, built) = match sharding {
             Sharding::Full => {
                 let mut build = ShardedBuild::new(
                     &run.model.param_specs(tp.size() as i64),
@@ -210,21 +264,15 @@ impl<'a> Trainer<'a> {
                 )?;
                 (model, Some(build.finish()))
             }
-            _ => (build_model(run, device, tp)?, None),
+            _ => match &run.lora {
+                Some(lora) => (build_lora_base(run, lora, device, tp)?, None),
+                None => (build_model(run, device, tp)?, None),
+            },
         };
         let build_peak = tensor_memory::tensor_bytes(device).ok().map(|b| b.peak);
         let adapters = match &run.lora {
             None => None,
             Some(lora) => {
-                if let Some(base) = &lora.base {
-                    load_base(model.store_mut(), base, run.model.architecture())?;
-                }
-                model.store_mut().vs.freeze();
-                // Built in bf16 already for a bf16 or float8 base.
-                if lora.base_precision == Precision::Fp8 {
-                    let bytes = flux_model::float8::hold_frozen_in_float8(model.as_ref());
-                    tracing::info!("frozen base linears held in float8: {bytes} bytes");
-                }
                 let mut adapters =
                     Adapters::attach(model.as_ref(), lora.settings(), &lora.targets)?;
                 if let Some(init) = &lora.init {
