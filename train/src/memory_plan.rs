@@ -604,9 +604,8 @@ pub fn predict(
             None => {
                 // A LoRA run builds its base in the base's dtype.
                 let built_elt = lora.as_ref().map_or(elt, |l| l.activation_elt);
-                let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
                 let largest_creation = specs.iter().map(|s| 4 * s.numel()).max().unwrap_or(0);
-                specs.iter().map(local).sum::<u64>() * built_elt + largest_creation
+                specs.iter().map(ParamSpec::local_numel).sum::<u64>() * built_elt + largest_creation
             }
         },
     };

@@ -125,6 +125,11 @@ impl ParamSpec {
         shape
     }
 
+    /// Elements of the shard one rank holds ([`ParamSpec::local_shape`]).
+    pub fn local_numel(&self) -> u64 {
+        self.local_shape().iter().map(|&d| d as u64).product()
+    }
+
     /// Rank `rank`'s shard of the logical tensor `full`.
     pub fn shard_of(&self, full: &Tensor, rank: usize) -> Tensor {
         let Some(d) = self.split_dim else {

@@ -110,12 +110,12 @@ impl ShardedStore {
         &mut self,
         tensors: &HashMap<String, Tensor>,
     ) -> Result<(), LogicalLoadError> {
-        let names: Vec<String> = self.specs.iter().map(|s| s.name.clone()).collect();
-        for name in names {
+        let vars = self.vs.variables();
+        for spec in &self.specs {
             let full = tensors
-                .get(&name)
-                .ok_or_else(|| LogicalLoadError::Missing(name.clone()))?;
-            self.load_one(&name, full)?;
+                .get(&spec.name)
+                .ok_or_else(|| LogicalLoadError::Missing(spec.name.clone()))?;
+            self.set_shard(spec, &vars[&spec.name], full)?;
         }
         Ok(())
     }
@@ -128,6 +128,16 @@ impl ShardedStore {
             .iter()
             .find(|s| s.name == name)
             .ok_or_else(|| LogicalLoadError::Missing(name.to_string()))?;
+        self.set_shard(spec, &self.vs.variables()[name], full)
+    }
+
+    /// Copy this rank's shard of `full`, the logical tensor of `spec`, into `var`.
+    fn set_shard(
+        &self,
+        spec: &ParamSpec,
+        var: &Tensor,
+        full: &Tensor,
+    ) -> Result<(), LogicalLoadError> {
         if full.size() != spec.shape {
             return Err(LogicalLoadError::Shape {
                 name: spec.name.clone(),
@@ -136,7 +146,6 @@ impl ShardedStore {
             });
         }
         let local = spec.shard_of(full, self.tp.rank());
-        let var = self.vs.variables()[name].shallow_clone();
         tch::no_grad(|| var.shallow_clone().copy_(&local));
         Ok(())
     }

@@ -45,17 +45,20 @@ impl LoraPlan {
             Precision::Bf16 | Precision::Fp8 => 2,
         };
         let fp8 = lora.base_precision == Precision::Fp8;
-        let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
         let base = specs
             .iter()
             .map(|s| match fp8 && s.linear {
                 // e4m3 values and an f32 scale per output row.
-                true => local(s) + 4 * s.local_shape()[0] as u64,
-                false => local(s) * activation_elt,
+                true => s.local_numel() + 4 * s.local_shape()[0] as u64,
+                false => s.local_numel() * activation_elt,
             })
             .sum();
         let widened = match fp8 {
-            true => specs.iter().filter(|s| s.linear).map(local).max(),
+            true => specs
+                .iter()
+                .filter(|s| s.linear)
+                .map(ParamSpec::local_numel)
+                .max(),
             false => None,
         };
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -84,10 +87,9 @@ impl LoraPlan {
     /// the weight whole in f32 and its bf16 shard, and while a linear's is quantized three f32
     /// copies of the shard (widened, absolute, scaled).
     pub fn largest_creation(&self, specs: &[ParamSpec]) -> u64 {
-        let local = |s: &ParamSpec| s.local_shape().iter().product::<i64>() as u64;
         let creating = |s: &ParamSpec| {
-            let quantizing = if s.linear { 3 * 4 * local(s) } else { 0 };
-            4 * s.numel() + 2 * local(s) + quantizing
+            let quantizing = if s.linear { 3 * 4 * s.local_numel() } else { 0 };
+            4 * s.numel() + 2 * s.local_numel() + quantizing
         };
         specs.iter().map(creating).max().unwrap_or(0)
     }

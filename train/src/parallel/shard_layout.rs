@@ -154,7 +154,7 @@ impl ParamOrder {
         }
         let numels = spec_of
             .iter()
-            .map(|&i| specs[i].local_shape().iter().product::<i64>() as usize)
+            .map(|&i| specs[i].local_numel() as usize)
             .collect();
         Self {
             layout: ShardLayout::new(numels, cap, ranks, rank, &splits),
